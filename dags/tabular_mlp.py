@@ -1,0 +1,53 @@
+"""Tabular MLP: Parquet -> MDS -> torchrun DDP -> MLflow registry -> evaluate -> promote."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, dag, task
+
+from pipeline import stages
+from pipeline.orchestration import run_stage
+from pipeline.recipes import tabular_mlp as recipe
+
+
+@dag(
+    dag_id=recipe.NAME,
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    # Retries are for infrastructure faults; a bad config or bad data fails at once (AirflowFailException).
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    tags=["ddp", "tabular"],
+    params={name: Param(**schema) for name, schema in recipe.airflow_params().items()},
+    doc_md=__doc__,
+)
+def tabular_mlp():
+    @task
+    def prepare_data() -> dict:
+        return run_stage(stages.prepare_data, recipe.config_from_params)
+
+    @task
+    def train(dataset: dict) -> dict:
+        return run_stage(stages.train, recipe.config_from_params, dataset)
+
+    @task
+    def register_model(dataset: dict, trained: dict) -> dict:
+        return run_stage(stages.register_model, recipe.config_from_params, dataset, trained)
+
+    @task
+    def evaluate(dataset: dict, registered: dict) -> dict:
+        return run_stage(stages.evaluate, recipe.config_from_params, dataset, registered)
+
+    @task
+    def promote(dataset: dict, trained: dict, registered: dict, evaluation: dict) -> dict:
+        return run_stage(stages.promote, recipe.config_from_params, dataset, trained, registered, evaluation)
+
+    dataset = prepare_data()
+    trained = train(dataset)
+    registered = register_model(dataset, trained)
+    evaluation = evaluate(dataset, registered)
+    promote(dataset, trained, registered, evaluation)
+
+
+tabular_mlp()

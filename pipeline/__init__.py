@@ -1,0 +1,1 @@
+"""Airflow-orchestrated distributed (DDP) training pipelines."""

@@ -1,0 +1,212 @@
+"""Typed pipeline configs: one serialized form for Airflow Params, the torchrun CLI and MLflow.
+
+Each section is a keyword-only dataclass; a field's ``metadata`` documents it and states what is
+allowed (``min``/``max``/``choices``). The same metadata validates values and builds the Params form,
+so the form, the CLI and the code cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+
+def _field(default: Any, help: str, **rules: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **rules})
+    return field(default=default, metadata={"help": help, **rules})
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    input_path: str = _field("", "Parquet file or directory of Parquet files with the raw rows.")
+    label_column: str = _field("label", "Column holding the class label (integers or strings).")
+    categorical_columns: list[str] = _field(
+        [], "Feature columns to encode with a vocabulary; empty means every string column."
+    )
+    key_column: str = _field("", "Column whose hash assigns rows to splits; empty uses row position.")
+    val_fraction: float = _field(0.1, "Fraction of rows in the validation split.", min=0.0, max=0.5)
+    test_fraction: float = _field(0.1, "Fraction of rows in the test split.", min=0.01, max=0.5)
+    split_seed: int = _field(0, "Salt of the split hash; change it to draw other splits.", min=0)
+    shard_size_limit_bytes: int = _field(
+        1 << 26, "Largest MDS shard before compression.", min=1 << 10, max=1 << 32
+    )
+    compression: str = _field("zstd", "MDS shard compression.", choices=["zstd", "gz", "bz2", "none"])
+    batch_rows: int = _field(65_536, "Rows per Arrow record batch read from the input.", min=1)
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    epochs: int = _field(5, "Passes over the training split.", min=1, max=1000)
+    batch_size: int = _field(256, "Samples per step on each rank.", min=1, max=65_536)
+    learning_rate: float = _field(3e-3, "AdamW learning rate.", min=1e-7, max=1.0)
+    weight_decay: float = _field(1e-4, "AdamW weight decay.", min=0.0, max=1.0)
+    hidden_sizes: list[int] = _field([128, 64], "Widths of the hidden layers.", min=1, max=8192)
+    dropout: float = _field(0.1, "Dropout after each hidden layer.", min=0.0, max=0.9)
+    seed: int = _field(0, "Random seed; rank r seeds with seed + r.", min=0)
+    log_every_steps: int = _field(50, "Steps between progress lines in the log.", min=1)
+
+
+@dataclass(kw_only=True)
+class LaunchConfig:
+    nproc_per_node: int = _field(2, "Training processes (ranks) on this node.", min=1, max=64)
+    backend: str = _field(
+        "auto", "Process-group backend; auto picks nccl with a GPU, gloo without.",
+        choices=["auto", "gloo", "nccl"],
+    )
+    timeout_s: int = _field(24 * 3600, "Longest a training job may run before it is stopped.", min=1)
+    grace_period_s: float = _field(10.0, "Seconds between SIGTERM and SIGKILL when stopping ranks.", min=0.0)
+
+
+@dataclass(kw_only=True)
+class RegistryConfig:
+    model_name: str = _field("tabular_mlp", "Registered model name in MLflow.")
+    experiment: str = _field("tabular_mlp", "MLflow experiment of the training runs.")
+
+
+@dataclass(kw_only=True)
+class EvaluateConfig:
+    metric: str = _field(
+        "accuracy", "Metric that decides promotion.", choices=["accuracy", "macro_f1", "log_loss"]
+    )
+    tolerance: float = _field(
+        0.01, "How much worse than the champion the challenger may be and still be promoted.",
+        min=0.0, max=1.0,
+    )
+
+
+@dataclass(kw_only=True)
+class PipelineConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> PipelineConfig:
+        return _build(cls, raw, prefix="")
+
+    def with_overrides(self, overrides: dict[str, Any]) -> PipelineConfig:
+        """A copy with dotted keys (``{"train.learning_rate": 3e-4}``) replaced, validated."""
+        merged = self.to_dict()
+        for dotted, value in overrides.items():
+            section, _, name = dotted.partition(".")
+            if section not in merged or not name:
+                raise ConfigError(
+                    f"unknown config key {dotted!r}: expected SECTION.FIELD with SECTION one of "
+                    f"{sorted(merged)}"
+                )
+            merged[section][name] = value
+        return PipelineConfig.from_dict(merged)
+
+    def digest(self) -> str:
+        """Short content hash of the config, for lineage tags and cache keys."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def parse_set_args(items: list[str]) -> dict[str, Any]:
+    """``["train.lr=3e-4", "train.hidden_sizes=[64,32]"]`` -> dotted overrides (JSON values, else text)."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, for example train.epochs=3")
+        try:
+            overrides[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = text
+    return overrides
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown}; the keys that exist are {sorted(fields)}"
+        )
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in raw.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, value, f"{prefix}{name}.")
+        else:
+            values[name] = _check(f"{prefix}{name}", value, hint, fields[name].metadata)
+    return cls(**values)
+
+
+def _check(name: str, value: Any, hint: Any, rules: typing.Mapping[str, Any]) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item_type,) = typing.get_args(hint)
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}={value!r}: expected a list of {item_type.__name__}")
+        return [_check(f"{name}[{i}]", item, item_type, rules) for i, item in enumerate(value)]
+    value = _coerce(name, value, hint)
+    if "choices" in rules and value not in rules["choices"]:
+        raise ConfigError(f"{name}={value!r}: expected one of {rules['choices']}")
+    if "min" in rules and value < rules["min"]:
+        raise ConfigError(f"{name}={value!r}: expected a value >= {rules['min']}")
+    if "max" in rules and value > rules["max"]:
+        raise ConfigError(f"{name}={value!r}: expected a value <= {rules['max']}")
+    return value
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{name}={value!r}: expected {hint.__name__}, got {type(value).__name__}")
+
+
+def field_rules(dotted: str) -> tuple[Any, typing.Mapping[str, Any]]:
+    """The type and metadata (help, min, max, choices) of a dotted config field."""
+    section, _, name = dotted.partition(".")
+    section_cls = typing.get_type_hints(PipelineConfig)[section]
+    meta = {f.name: f.metadata for f in dataclasses.fields(section_cls)}[name]
+    return typing.get_type_hints(section_cls)[name], meta
+
+
+def param_schema(dotted: str, default: Any) -> dict[str, Any]:
+    """JSON-schema keywords for an Airflow ``Param`` mirroring a config field's rules."""
+    hint, rules = field_rules(dotted)
+    json_types = {int: "integer", float: "number", str: "string", bool: "boolean"}
+    bounds = {k: rules[k] for k in ("min", "max") if k in rules}
+    bound_kw = {"minimum": bounds.get("min"), "maximum": bounds.get("max")}
+    bound_kw = {k: v for k, v in bound_kw.items() if v is not None}
+    if typing.get_origin(hint) is list:
+        (item_type,) = typing.get_args(hint)
+        schema = {"type": "array", "items": {"type": json_types[item_type], **bound_kw}, "minItems": 1}
+    else:
+        schema = {"type": json_types[hint], **bound_kw}
+        if "choices" in rules:
+            schema["enum"] = list(rules["choices"])
+    return {"default": default, "description": rules["help"], **schema}

@@ -1,0 +1,1 @@
+"""Data preparation: raw sources -> validated, versioned MDS datasets with a manifest."""

@@ -1,0 +1,1 @@
+"""Evaluation: classification metrics on the held-out split and the promotion gate."""

@@ -1,0 +1,1 @@
+"""Launching training: local torchrun supervision (and, later, Kubernetes pod specs)."""

@@ -1,0 +1,72 @@
+"""Tabular MLP recipe: configs, and the Airflow Params that map onto them. Light: no torch here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline import settings
+from pipeline.config import PipelineConfig, param_schema
+
+NAME = "tabular_mlp"
+
+# Params form field -> config field. Only what a person triggering a run usually changes;
+# everything else stays reachable through the config's defaults or the `overrides` Param.
+PARAMS: dict[str, str] = {
+    "input_path": "data.input_path",
+    "label_column": "data.label_column",
+    "nproc_per_node": "launch.nproc_per_node",
+    "epochs": "train.epochs",
+    "batch_size": "train.batch_size",
+    "learning_rate": "train.learning_rate",
+    "hidden_sizes": "train.hidden_sizes",
+    "seed": "train.seed",
+}
+
+
+def demo_input_path() -> str:
+    """Where `make demo` writes its generated Parquet file."""
+    return str(settings.data_dir() / "raw" / "tabular_demo.parquet")
+
+
+def config(variant: str = "default") -> PipelineConfig:
+    """The recipe's config; ``tiny`` is what the tests run (a few seconds of training)."""
+    base = PipelineConfig()
+    base.data.input_path = demo_input_path()
+    base.registry.model_name = NAME
+    base.registry.experiment = NAME
+    if variant == "default":
+        return base
+    if variant == "tiny":
+        return base.with_overrides(
+            {
+                "train.epochs": 3,
+                "train.batch_size": 64,
+                "train.hidden_sizes": [32, 16],
+                "train.log_every_steps": 10,
+                "data.shard_size_limit_bytes": 1 << 14,
+            }
+        )
+    raise ValueError(f"unknown variant {variant!r} of recipe {NAME}; expected 'default' or 'tiny'")
+
+
+def airflow_params() -> dict[str, dict[str, Any]]:
+    """JSON-schema keyword sets, one per Param, with defaults taken from the recipe's config."""
+    flat = _flatten(config().to_dict())
+    params = {name: param_schema(dotted, flat[dotted]) for name, dotted in PARAMS.items()}
+    params["overrides"] = {
+        "default": {},
+        "type": "object",
+        "description": 'Any other config field as SECTION.FIELD, e.g. {"train.dropout": 0.2, "evaluate.tolerance": 0.0}.',
+    }
+    return params
+
+
+def config_from_params(params: dict[str, Any]) -> PipelineConfig:
+    """Build the run's config from the triggered Params (and the free-form ``overrides`` one)."""
+    overrides = {PARAMS[name]: value for name, value in params.items() if name in PARAMS}
+    overrides.update(params.get("overrides") or {})
+    return config().with_overrides(overrides)
+
+
+def _flatten(nested: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {f"{section}.{key}": value for section, fields in nested.items() for key, value in fields.items()}

@@ -1,0 +1,1 @@
+"""MLflow: tracking runs, model logging, registration and aliases."""

@@ -1,0 +1,106 @@
+"""Logging, registering and aliasing model versions, idempotently per DAG run."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipeline.registry.tracking import RUN_KEY_TAG, client
+
+log = logging.getLogger(__name__)
+
+CHALLENGER = "challenger"
+CHAMPION = "champion"
+
+
+def find_version(model_name: str, run_key: str):
+    """The version registered for ``run_key`` (a retried task must not register a second one)."""
+    mlflow_client = client()
+    if not _registered_model_exists(mlflow_client, model_name):
+        return None
+    versions = mlflow_client.search_model_versions(f"name = '{model_name}'")
+    mine = [v for v in versions if v.tags.get(RUN_KEY_TAG) == run_key]
+    return min(mine, key=lambda v: int(v.version)) if mine else None
+
+
+def _registered_model_exists(mlflow_client, model_name: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow_client.get_registered_model(model_name)
+        return True
+    except MlflowException:
+        return False
+
+
+def log_and_register(
+    *, run_id: str, model_name: str, run_key: str, model_path: str, spec: dict[str, Any],
+    preprocessing_path: str, input_example: list[dict[str, Any]], tags: dict[str, str],
+) -> tuple[str, bool]:
+    """Log the pyfunc into ``run_id`` and register it; returns ``(version, created)``."""
+    existing = find_version(model_name, run_key)
+    if existing is not None:
+        log.info("model %s version %s already registered for %s: reusing it", model_name, existing.version, run_key)
+        return str(existing.version), False
+
+    import mlflow
+    import mlflow.pytorch
+    import pandas as pd
+    import torch
+    from mlflow.models import infer_signature
+
+    from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
+    from pipeline.registry.model import TabularClassifier
+
+    mlflow_client = client()
+    module = TabularMLP(ModelSpec(**spec))
+    module.load_state_dict(torch.load(model_path, weights_only=True, map_location="cpu"))
+    module.eval()
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "pandas", "numpy"]
+    example = pd.DataFrame(input_example)
+    with tempfile.TemporaryDirectory() as tmp:
+        torch_dir = Path(tmp) / "torch_model"
+        mlflow.pytorch.save_model(module, torch_dir, serialization_format="pickle", pip_requirements=requirements)
+        artifacts = {"torch_model": str(torch_dir), "preprocessing": preprocessing_path}
+        wrapper = TabularClassifier()
+        wrapper.load_context(_Context(artifacts))
+        signature = infer_signature(example, wrapper.predict(None, example))
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name="model", python_model=TabularClassifier(), artifacts=artifacts,
+                signature=signature, input_example=example, pip_requirements=requirements,
+            )
+    version = mlflow.register_model(info.model_uri, model_name, tags={RUN_KEY_TAG: run_key, **tags})
+    log.info("registered %s version %s from %s", model_name, version.version, info.model_uri)
+    return str(version.version), True
+
+
+class _Context:
+    def __init__(self, artifacts: dict[str, str]):
+        self.artifacts = artifacts
+
+
+def set_alias(model_name: str, alias: str, version: str) -> None:
+    client().set_registered_model_alias(model_name, alias, version)
+
+
+def version_by_alias(model_name: str, alias: str):
+    """The model version behind ``alias``, or None when the alias (or the model) does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client().get_model_version_by_alias(model_name, alias)
+    except MlflowException:
+        return None
+
+
+def aliases(model_name: str, version: str) -> list[str]:
+    return sorted(client().get_model_version(model_name, version).aliases)
+
+
+def tag_version(model_name: str, version: str, tags: dict[str, Any]) -> None:
+    mlflow_client = client()
+    for key, value in tags.items():
+        mlflow_client.set_model_version_tag(model_name, version, key, str(value))

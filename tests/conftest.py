@@ -1,0 +1,34 @@
+"""Every test session writes under its own temporary PIPELINE_HOME (data, MLflow, Airflow)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Before anything imports airflow or reads the settings: the session's own home and Airflow DB.
+_HOME = Path(tempfile.mkdtemp(prefix="pipeline-tests-"))
+os.environ["PIPELINE_HOME"] = str(_HOME)
+for key in ("PIPELINE_DATA_DIR", "PIPELINE_RUNS_DIR", "PIPELINE_MLFLOW_ARTIFACTS", "MLFLOW_TRACKING_URI", "AIRFLOW_HOME"):
+    os.environ.pop(key, None)
+for key in [k for k in os.environ if k.startswith("AIRFLOW__")]:
+    os.environ.pop(key)
+
+from pipeline import settings  # noqa: E402
+
+settings.apply_airflow_env()
+
+
+@pytest.fixture(scope="session")
+def pipeline_home() -> Path:
+    return _HOME
+
+
+@pytest.fixture(scope="session")
+def demo_parquet(pipeline_home: Path) -> Path:
+    """A small demo dataset (6,000 rows) shared by the tests that only read it."""
+    from pipeline.data import demo
+
+    return demo.write_parquet(pipeline_home / "inputs" / "demo.parquet", 6_000, seed=1)
