@@ -139,7 +139,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
             continue
         scored = mlflow.pyfunc.load_model(f"models:/{name}@{alias}").predict(frame)
         probabilities = scored[[c for c in scored.columns if c.startswith(PROBA_PREFIX)]].to_numpy()
-        scores[alias] = {"version": version.version, "metrics": classification_metrics(labels, probabilities)}
+        scores[alias] = {"version": str(version.version), "metrics": classification_metrics(labels, probabilities)}
         log.info("%s (version %s) on %d test rows: %s", alias, version.version, len(labels), scores[alias]["metrics"])
     challenger = scores[models.CHALLENGER]
     if challenger is None or challenger["version"] != registered["version"]:

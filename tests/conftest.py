@@ -32,3 +32,12 @@ def demo_parquet(pipeline_home: Path) -> Path:
     from pipeline.data import demo
 
     return demo.write_parquet(pipeline_home / "inputs" / "demo.parquet", 6_000, seed=1)
+
+
+@pytest.fixture(scope="session")
+def airflow_db(pipeline_home: Path) -> Path:
+    """The session's Airflow metadata DB (SQLite under PIPELINE_HOME), migrated once."""
+    from pipeline.demo import migrate_airflow_db
+
+    migrate_airflow_db()
+    return pipeline_home / "airflow" / "airflow.db"

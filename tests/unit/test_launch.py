@@ -1,0 +1,100 @@
+"""The local torchrun supervisor, with real torchrun processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from pipeline.errors import TrainingFailed
+from pipeline.launch.local import run_torchrun
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    @record
+    def main():
+        rank = int(os.environ["RANK"])
+        print(f"hello from rank {rank}", flush=True)
+        mode = sys.argv[1]
+        if mode == "fail" and rank == 1:
+            raise ValueError("boom from rank 1")
+        if mode == "sleep":
+            time.sleep(600)
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.fixture()
+def script_dir(tmp_path):
+    (tmp_path / "toy_job.py").write_text(SCRIPT)
+    return tmp_path
+
+
+def test_output_is_streamed_with_rank_prefixes(script_dir, tmp_path):
+    lines = []
+    run_torchrun("toy_job", ["ok"], nproc_per_node=2, log_dir=tmp_path / "logs",
+                 env={"PYTHONPATH": str(script_dir)}, emit=lines.append)
+    assert any(line.endswith("hello from rank 0") and "0]:" in line for line in lines)
+    assert any(line.endswith("hello from rank 1") and "1]:" in line for line in lines)
+
+
+def test_a_failing_rank_fails_the_launch_with_its_traceback(script_dir, tmp_path):
+    with pytest.raises(TrainingFailed) as err:
+        run_torchrun("toy_job", ["fail"], nproc_per_node=2, log_dir=tmp_path / "logs",
+                     env={"PYTHONPATH": str(script_dir)}, emit=lambda line: None, grace_period_s=2)
+    message = str(err.value)
+    assert "torchrun exited with code 1" in message
+    assert "ValueError: boom from rank 1" in message
+
+
+def test_sigterm_of_the_supervising_process_stops_every_rank(script_dir, tmp_path):
+    marker = f"toy-job-{os.getpid()}"
+    driver = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(script_dir)!r})
+        from pipeline.launch.local import run_torchrun
+        from pathlib import Path
+        run_torchrun("toy_job", ["sleep", {marker!r}], nproc_per_node=2, log_dir=Path({str(tmp_path / "logs")!r}),
+                     env={{"PYTHONPATH": {str(script_dir)!r}}}, grace_period_s=3, emit=print)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    started = 0
+    while time.monotonic() < deadline and started < 2:
+        line = proc.stdout.readline()
+        started += "hello from rank" in line
+    assert started == 2, "the ranks did not start"
+    assert len(_pids_with(marker)) >= 3  # the torchrun agent and two ranks
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
+    deadline = time.monotonic() + 10
+    while _pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _pids_with(marker) == []
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
