@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test venv clean
+.PHONY: demo test airflow venv clean
 
 venv: $(VENV)/.installed
 
@@ -18,6 +18,10 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest $(ARGS)
+
+# The airflow CLI on the embedded settings, e.g. make airflow ARGS="dags list" or ARGS=standalone
+airflow: venv
+	$(PY) -m pipeline.airflow_cli $(ARGS)
 
 clean:
 	rm -rf var

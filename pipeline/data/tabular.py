@@ -368,7 +368,7 @@ def _write(files: list[Path], schema: Schema, cfg: DataConfig, prep: dict[str, A
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    path.write_text(json.dumps(payload, indent=2, default=str))
 
 
 def load_split(dataset_dir: Path, split: str, cache_dir: Path):
