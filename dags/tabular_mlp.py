@@ -1,4 +1,4 @@
-"""Tabular MLP: Parquet -> MDS -> torchrun DDP -> MLflow registry -> evaluate -> promote."""
+"""Tabular MLP: Parquet -> MDS -> torchrun DDP -> MLflow registry -> evaluate -> (approve) -> promote."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, task
 
 from pipeline import stages
-from pipeline.orchestration import run_stage
+from pipeline.orchestration import promotion_approval, run_stage
 from pipeline.recipes import tabular_mlp as recipe
 
 
@@ -40,14 +40,16 @@ def tabular_mlp():
         return run_stage(stages.evaluate, recipe.config_from_params, dataset, registered)
 
     @task
-    def promote(dataset: dict, trained: dict, registered: dict, evaluation: dict) -> dict:
-        return run_stage(stages.promote, recipe.config_from_params, dataset, trained, registered, evaluation)
+    def promote(dataset: dict, trained: dict, registered: dict, evaluation: dict, approval: dict) -> dict:
+        return run_stage(stages.promote, recipe.config_from_params, dataset, trained, registered, evaluation, approval)
 
     dataset = prepare_data()
     trained = train(dataset)
     registered = register_model(dataset, trained)
     evaluation = evaluate(dataset, registered)
-    promote(dataset, trained, registered, evaluation)
+    approval = promotion_approval(retries=0)
+    evaluation >> approval
+    promote(dataset, trained, registered, evaluation, approval.output)
 
 
 tabular_mlp()

@@ -50,7 +50,11 @@ class TrainConfig:
     hidden_sizes: list[int] = _field([128, 64], "Widths of the hidden layers.", min=1, max=8192)
     dropout: float = _field(0.1, "Dropout after each hidden layer.", min=0.0, max=0.9)
     seed: int = _field(0, "Random seed; rank r seeds with seed + r.", min=0)
-    log_every_steps: int = _field(50, "Steps between progress lines in the log.", min=1)
+    log_every_steps: int = _field(50, "Steps between progress lines in the log (and step metrics in MLflow).", min=1)
+    metrics_flush_timeout_s: float = _field(
+        120.0, "How long the end of training waits for buffered metrics to reach MLflow before it "
+        "spills them to a file that register_model replays.", min=0.0,
+    )
 
 
 @dataclass(kw_only=True)
@@ -73,11 +77,20 @@ class RegistryConfig:
 @dataclass(kw_only=True)
 class EvaluateConfig:
     metric: str = _field(
-        "accuracy", "Metric that decides promotion.", choices=["accuracy", "macro_f1", "log_loss"]
+        "accuracy", "Primary metric that decides promotion (its direction is known: log_loss is lower-better).",
+        choices=["accuracy", "macro_f1", "log_loss"],
     )
-    tolerance: float = _field(
-        0.01, "How much worse than the champion the challenger may be and still be promoted.",
-        min=0.0, max=1.0,
+    min_improvement: float = _field(
+        -0.01, "Least gain over the champion on the primary metric; negative tolerates that much regression.",
+        min=-1.0, max=1.0,
+    )
+    guardrails: list[str] = _field(
+        ["macro_f1"], "Metrics that must not regress beyond guardrail_tolerance.",
+        choices=["accuracy", "macro_f1", "log_loss"],
+    )
+    guardrail_tolerance: float = _field(0.02, "Largest allowed regression of a guardrail metric.", min=0.0, max=1.0)
+    require_approval: bool = _field(
+        False, "Ask a person (Airflow human-in-the-loop) before moving the champion; no answer in 24 h rejects.",
     )
 
 

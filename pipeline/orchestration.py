@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from pipeline.config import PipelineConfig
@@ -19,11 +20,84 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
     from airflow.sdk.exceptions import AirflowFailException
 
     context = get_current_context()
+    os.environ.update(mlflow_env_from_connection(_mlflow_connection()))
     ti = context["ti"]
-    run = RunInfo(dag_id=ti.dag_id, run_id=ti.run_id, try_number=ti.try_number)
+    run = RunInfo(
+        dag_id=ti.dag_id, run_id=ti.run_id, try_number=ti.try_number,
+        **{key: _iso(context.get(key)) for key in ("logical_date", "data_interval_start", "data_interval_end")},
+    )
     try:
         cfg = config_from_params(dict(context["params"]))
         return stage(cfg, run, *args)
     except UserError as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
+
+
+def _mlflow_connection():
+    """The Airflow connection named by ``PIPELINE_MLFLOW_CONN_ID`` (default ``mlflow_default``), if any."""
+    from airflow.sdk import BaseHook
+
+    conn_id = os.environ.get("PIPELINE_MLFLOW_CONN_ID", "mlflow_default")
+    try:
+        return BaseHook.get_connection(conn_id)
+    except Exception:  # no such connection: the environment (or the local default) is used
+        return None
+
+
+def mlflow_env_from_connection(conn) -> dict[str, str]:
+    """MLflow's own environment variables from an Airflow connection (host, login/password or token).
+
+    They reach the torchrun ranks by inheritance, never on a command line; Airflow masks the
+    connection's password in task logs.
+    """
+    if conn is None or not conn.host:
+        return {}
+    host = conn.host if "://" in conn.host else f"{conn.schema or conn.conn_type or 'http'}://{conn.host}"
+    env = {"MLFLOW_TRACKING_URI": f"{host}:{conn.port}" if conn.port else host}
+    if conn.login:
+        env["MLFLOW_TRACKING_USERNAME"] = conn.login
+    if conn.password:
+        env["MLFLOW_TRACKING_PASSWORD"] = conn.password
+    token = (conn.extra_dejson or {}).get("token")
+    if token:
+        env["MLFLOW_TRACKING_TOKEN"] = token
+    return env
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def promotion_approval(*, task_id: str = "approve", evaluate_task_id: str = "evaluate", **kwargs: Any):
+    """A human-in-the-loop step before ``promote``; it asks only when the run's
+    ``require_approval`` Param is set and the gate passed, and otherwise answers itself."""
+    from datetime import timedelta
+
+    from airflow.providers.standard.operators.hitl import HITLOperator
+
+    class PromotionApproval(HITLOperator):
+        def execute(self, context):
+            if not context["params"].get("require_approval"):
+                return {"chosen_options": ["Approve"], "responded_by_user": "not required"}
+            evaluation = context["ti"].xcom_pull(task_ids=evaluate_task_id)
+            gate = evaluation["gate"]
+            if not gate["passed"]:
+                return {"chosen_options": ["Reject"], "responded_by_user": "gate failed"}
+            challenger = evaluation["challenger"]
+            self.body = (
+                f"Challenger version {challenger['version']} passed the gate: {gate['reason']}.\n\n"
+                f"Test metrics: " + ", ".join(f"{k} {v:.4f}" for k, v in challenger["metrics"].items())
+                + f"\n\nReport: {evaluation['report']}"
+            )
+            return super().execute(context)
+
+    return PromotionApproval(
+        task_id=task_id,
+        subject="Promote the challenger to champion?",
+        options=["Approve", "Reject"],
+        defaults=["Reject"],
+        multiple=False,
+        response_timeout=timedelta(hours=24),
+        **kwargs,
+    )

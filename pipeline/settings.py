@@ -36,6 +36,11 @@ def mlflow_artifact_root() -> str:
     return os.environ.get("PIPELINE_MLFLOW_ARTIFACTS", (home() / "mlflow" / "artifacts").as_uri())
 
 
+def airflow_base_url() -> str:
+    """Base URL of the Airflow UI, for links from MLflow back to DAG runs (``AIRFLOW__API__BASE_URL``)."""
+    return os.environ.get("AIRFLOW__API__BASE_URL", "http://127.0.0.1:8080").rstrip("/")
+
+
 def airflow_env(airflow_home: Path | None = None) -> dict[str, str]:
     """Environment for the embedded Airflow: SQLite, LocalExecutor, low parallelism, this project's DAGs.
 

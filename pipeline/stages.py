@@ -27,6 +27,9 @@ class RunInfo:
     dag_id: str
     run_id: str
     try_number: int = 1
+    logical_date: str | None = None
+    data_interval_start: str | None = None
+    data_interval_end: str | None = None
 
     @property
     def key(self) -> str:
@@ -36,8 +39,32 @@ class RunInfo:
     def workdir(self) -> Path:
         return settings.runs_dir() / self.dag_id / re.sub(r"[^A-Za-z0-9._-]+", "_", self.run_id)
 
+    @property
+    def url(self) -> str:
+        """The DAG run's page in the Airflow UI."""
+        from urllib.parse import quote
+
+        return f"{settings.airflow_base_url()}/dags/{quote(self.dag_id)}/runs/{quote(self.run_id, safe='')}"
+
     def tags(self) -> dict[str, str]:
-        return {"airflow.dag_id": self.dag_id, "airflow.run_id": self.run_id}
+        """Lineage tags shared by the MLflow run and the model version."""
+        tags = {
+            "airflow.dag_id": self.dag_id, "airflow.run_id": self.run_id, "airflow.try_number": str(self.try_number),
+            "airflow.url": self.url,
+        }
+        for key in ("logical_date", "data_interval_start", "data_interval_end"):
+            if getattr(self, key):
+                tags[f"airflow.{key}"] = getattr(self, key)
+        return tags
+
+
+def lineage_tags(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[str, str]:
+    from pipeline.registry.tracking import code_version
+
+    return run.tags() | {
+        "dataset.uri": dataset["uri"], "dataset.version": dataset["version"],
+        "config.digest": cfg.digest(), "code.version": code_version(),
+    }
 
 
 def _local(uri: str) -> Path:
@@ -62,14 +89,16 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo) -> dict[str, Any]:
 def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[str, Any]:
     """Launch torchrun over ``pipeline.train`` on this node; return rank 0's result."""
     from pipeline.launch.local import run_torchrun
-    from pipeline.registry.tracking import ensure_run
+    from pipeline.registry import tracking
 
     started = time.perf_counter()
-    mlflow_run_id = ensure_run(
-        cfg.registry.experiment, run.key,
-        run.tags() | {"dataset.uri": dataset["uri"], "dataset.version": dataset["version"],
-                      "config.digest": cfg.digest()},
-    )
+    with tracking.reachable("create the MLflow run"):
+        mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset))
+        tracking.log_params_once(mlflow_run_id, tracking.flatten(cfg.to_dict()) | {"launch.world_size": str(cfg.launch.nproc_per_node)})
+        tracking.log_dataset_input(
+            mlflow_run_id, name=cfg.registry.model_name, digest=dataset["version"], source_uri=dataset["uri"],
+            profile={"rows": dataset["rows"]},
+        )
     out_dir = run.workdir / "train"
     out_dir.mkdir(parents=True, exist_ok=True)
     config_path = out_dir / "config.json"
@@ -81,7 +110,9 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
         ["--config", str(config_path), "--dataset", dataset["uri"], "--out", str(out_dir)],
         nproc_per_node=cfg.launch.nproc_per_node,
         log_dir=out_dir / f"torchrun-logs-try{run.try_number}",
-        env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri()},
+        # Rank 0 buffers and retries metrics itself: MLflow's own HTTP retries would stall a step.
+        env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri(),
+             "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"},
         timeout_s=cfg.launch.timeout_s,
         grace_period_s=cfg.launch.grace_period_s,
     )
@@ -93,22 +124,27 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
 def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
     """Register the trained model once per DAG run and point ``challenger`` at it."""
     from pipeline.data.tabular import PREPROCESSING, read_manifest
-    from pipeline.registry import models
+    from pipeline.registry import models, tracking
+    from pipeline.registry.buffered import mlflow_sender, replay_spill
 
     started = time.perf_counter()
     dataset_dir = _local(dataset["uri"])
-    version, created = models.log_and_register(
-        run_id=trained["mlflow_run_id"],
-        model_name=cfg.registry.model_name,
-        run_key=run.key,
-        model_path=trained["model_path"],
-        spec=json.loads(Path(trained["spec_path"]).read_text()),
-        preprocessing_path=str(dataset_dir / PREPROCESSING),
-        input_example=read_manifest(dataset_dir)["sample_rows"],
-        tags=run.tags() | {"dataset.uri": dataset["uri"], "dataset.version": dataset["version"],
-                           "config.digest": cfg.digest()},
-    )
-    models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
+    with tracking.reachable("register the model"):
+        replayed = replay_spill(Path(trained["unsent_metrics_path"]),
+                                mlflow_sender(tracking.client(), trained["mlflow_run_id"]))
+        if replayed:
+            log.info("sent %d metric values that training could not deliver", replayed)
+        version, created = models.log_and_register(
+            run_id=trained["mlflow_run_id"],
+            model_name=cfg.registry.model_name,
+            run_key=run.key,
+            model_path=trained["model_path"],
+            spec=json.loads(Path(trained["spec_path"]).read_text()),
+            preprocessing_path=str(dataset_dir / PREPROCESSING),
+            input_example=read_manifest(dataset_dir)["sample_rows"],
+            tags=lineage_tags(cfg, run, dataset),
+        )
+        models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
     return {
         "model_name": cfg.registry.model_name,
         "version": version,
@@ -119,82 +155,107 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], t
 
 
 def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registered: dict[str, Any]) -> dict[str, Any]:
-    """Score the challenger and the current champion on the same test split."""
+    """Score challenger and champion on the same frozen test split, apply the gate, write the report."""
     import mlflow.pyfunc
 
-    from pipeline.data.tabular import load_split
+    from pipeline.data.tabular import load_split, read_preprocessing
+    from pipeline.evaluate.gate import decide
     from pipeline.evaluate.metrics import classification_metrics
-    from pipeline.registry import models
+    from pipeline.evaluate.report import score_details, text_summary, write_report
+    from pipeline.registry import models, tracking
     from pipeline.registry.model import PROBA_PREFIX
-    from pipeline.registry.tracking import client
 
     started = time.perf_counter()
-    name = cfg.registry.model_name
-    frame, labels = load_split(_local(dataset["uri"]), "test", run.workdir / "evaluate" / "cache")
-    scores: dict[str, dict[str, Any] | None] = {}
-    for alias in (models.CHALLENGER, models.CHAMPION):
-        version = models.version_by_alias(name, alias)
-        if version is None:
-            scores[alias] = None
-            continue
-        scored = mlflow.pyfunc.load_model(f"models:/{name}@{alias}").predict(frame)
-        probabilities = scored[[c for c in scored.columns if c.startswith(PROBA_PREFIX)]].to_numpy()
-        scores[alias] = {"version": str(version.version), "metrics": classification_metrics(labels, probabilities)}
-        log.info("%s (version %s) on %d test rows: %s", alias, version.version, len(labels), scores[alias]["metrics"])
-    challenger = scores[models.CHALLENGER]
-    if challenger is None or challenger["version"] != registered["version"]:
-        raise RuntimeError(f"alias {models.CHALLENGER!r} of {name} no longer points at version {registered['version']}")
-    mlflow_client = client()
-    metrics = {f"test_{k}": v for k, v in challenger["metrics"].items()}
-    if scores[models.CHAMPION] is not None:
-        metrics |= {f"champion_test_{k}": v for k, v in scores[models.CHAMPION]["metrics"].items()}
-    for key, value in metrics.items():
-        mlflow_client.log_metric(registered["mlflow_run_id"], key, value)
-    models.tag_version(name, registered["version"], {f"test_{k}": round(v, 6) for k, v in challenger["metrics"].items()})
+    name, run_id = cfg.registry.model_name, registered["mlflow_run_id"]
+    dataset_dir = _local(dataset["uri"])
+    frame, labels = load_split(dataset_dir, "test", run.workdir / "evaluate" / "cache")
+    classes = read_preprocessing(dataset_dir)["label_classes"]
+    scored: dict[str, dict[str, Any] | None] = {}
+    with tracking.reachable("evaluate the registered models"):
+        for alias in (models.CHALLENGER, models.CHAMPION):
+            version = models.version_by_alias(name, alias)
+            if version is None:
+                scored[alias] = None
+                continue
+            out = mlflow.pyfunc.load_model(f"models:/{name}@{alias}").predict(frame)
+            probabilities = out[[c for c in out.columns if c.startswith(PROBA_PREFIX)]].to_numpy()
+            scored[alias] = {"version": str(version.version), "metrics": classification_metrics(labels, probabilities),
+                             "details": score_details(labels, probabilities)}
+        challenger, champion = scored[models.CHALLENGER], scored[models.CHAMPION]
+        if challenger is None or challenger["version"] != registered["version"]:
+            raise RuntimeError(f"alias {models.CHALLENGER!r} of {name} no longer points at version {registered['version']}")
+        if champion is not None and champion["version"] == challenger["version"]:
+            scored[models.CHAMPION] = champion = None  # a re-run of the run that made the champion
+        decision = decide(cfg.evaluate, challenger["metrics"], champion["metrics"] if champion else None)
+
+        mlflow_client = tracking.client()
+        metrics = {f"test_{k}": v for k, v in challenger["metrics"].items()}
+        if champion is not None:
+            metrics |= {f"champion_test_{k}": v for k, v in champion["metrics"].items()}
+        tracking.log_metrics_now(run_id, metrics)
+        history = {key: [(m.step, m.value) for m in mlflow_client.get_metric_history(run_id, key)]
+                   for key in ("train_loss", "val_loss", "train_accuracy", "val_accuracy")}
+        report_dir = run.workdir / "evaluate" / "report"
+        files = write_report(report_dir, model_name=name, classes=classes, scored=scored, history=history,
+                             decision=decision.to_dict())
+        for path in files:
+            mlflow_client.log_artifact(run_id, str(path), artifact_path="evaluation")
+        models.tag_version(name, registered["version"], decision.tags() | {
+            f"test_{k}": round(v, 6) for k, v in challenger["metrics"].items()
+        } | {"validation.test_rows": len(labels), "validation.dataset_version": dataset["version"]})
+    log.info("evaluation of %s on %d test rows (dataset %s):\n%s", name, len(labels), dataset["version"],
+             text_summary(classes, scored, decision.to_dict()))
     return {
-        "challenger": challenger,
-        "champion": scores[models.CHAMPION],
+        "challenger": {k: challenger[k] for k in ("version", "metrics")},
+        "champion": {k: champion[k] for k in ("version", "metrics")} if champion else None,
+        "gate": decision.to_dict(),
         "test_rows": int(len(labels)),
+        "report": str(report_dir / "report.html"),
         "wall_s": round(time.perf_counter() - started, 3),
     }
 
 
 def promote(
     cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], trained: dict[str, Any],
-    registered: dict[str, Any], evaluation: dict[str, Any],
+    registered: dict[str, Any], evaluation: dict[str, Any], approval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Move ``champion`` to the challenger when the gate passes; record why either way."""
-    from pipeline.evaluate.gate import decide
-    from pipeline.registry import models
+    """Move ``champion`` to the challenger when the gate (and, if required, a person) says so."""
+    from pipeline.registry import models, tracking
 
     started = time.perf_counter()
     name, version = cfg.registry.model_name, registered["version"]
-    champion = evaluation["champion"]
-    if champion is not None and champion["version"] == version:
-        decision_promote, reason = True, "challenger is already the champion (re-run of the same DAG run)"
-    else:
-        decision = decide(cfg.evaluate.metric, evaluation["challenger"]["metrics"],
-                          champion["metrics"] if champion else None, cfg.evaluate.tolerance)
-        decision_promote, reason = decision.promote, decision.reason
-    if decision_promote:
-        models.set_alias(name, models.CHAMPION, version)
-    models.tag_version(name, version, {
-        "promotion.decision": "promoted" if decision_promote else "rejected",
-        "promotion.reason": reason,
-        "promotion.compared_with": champion["version"] if champion else "none",
-    })
-    log.info("%s version %s %s: %s", name, version, "promoted to champion" if decision_promote else "not promoted", reason)
+    gate = evaluation["gate"]
+    promoted, reason = gate["passed"], f"gate {gate['status']}: {gate['reason']}"
+    if promoted and cfg.evaluate.require_approval:
+        chosen = (approval or {}).get("chosen_options") or ["Reject"]
+        who = (approval or {}).get("responded_by_user") or "nobody (timed out)"
+        promoted = chosen == ["Approve"]
+        reason += f"; {'approved' if promoted else 'rejected'} by {who}"
+    with tracking.reachable("move the champion alias"):
+        current = models.version_by_alias(name, models.CHAMPION)
+        if current is not None and str(current.version) == version:
+            promoted, reason = True, "already the champion (a re-run of the DAG run that promoted it)"
+        elif promoted:
+            models.set_alias(name, models.CHAMPION, version)
+        models.tag_version(name, version, {
+            "promotion.decision": "promoted" if promoted else "rejected",
+            "promotion.reason": reason,
+            "promotion.compared_with": evaluation["champion"]["version"] if evaluation["champion"] else "none",
+        })
+        aliases = models.aliases(name, version)
+    log.info("%s version %s %s: %s", name, version, "promoted to champion" if promoted else "not promoted", reason)
     summary = {
         "dag_id": run.dag_id,
         "run_id": run.run_id,
         "dataset": {"uri": dataset["uri"], "version": dataset["version"], "rows": dataset["rows"],
                     "reused": dataset["skipped"]},
-        "model": {"name": name, "version": version, "aliases": models.aliases(name, version),
-                  "mlflow_run_id": registered["mlflow_run_id"]},
+        "model": {"name": name, "version": version, "aliases": aliases, "mlflow_run_id": registered["mlflow_run_id"]},
         "test_metrics": evaluation["challenger"]["metrics"],
-        "champion_before": champion,
-        "promoted": decision_promote,
+        "champion_before": evaluation["champion"],
+        "gate": gate,
+        "promoted": promoted,
         "reason": reason,
+        "report": evaluation["report"],
         "train": {"samples_per_s": trained["samples_per_s"], "world_size": trained["world_size"],
                   "backend": trained["backend"], "final_metrics": trained["metrics"]},
         "wall_s": {

@@ -28,3 +28,43 @@ def classification_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dic
         "majority_rate": float(counts.max() / max(len(labels), 1)),
         "rows": float(len(labels)),
     }
+
+
+def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
+    """Rows are true classes, columns predicted classes."""
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(matrix, (np.asarray(labels, dtype=np.int64), np.asarray(predicted, dtype=np.int64)), 1)
+    return matrix
+
+
+def per_class(labels: np.ndarray, probabilities: np.ndarray) -> list[dict[str, float]]:
+    """Precision, recall, F1 and support of each class, in class-index order."""
+    matrix = confusion_matrix(labels, probabilities.argmax(axis=1), probabilities.shape[1])
+    rows = []
+    for k in range(matrix.shape[0]):
+        tp = matrix[k, k]
+        precision = tp / matrix[:, k].sum() if matrix[:, k].sum() else 0.0
+        recall = tp / matrix[k, :].sum() if matrix[k, :].sum() else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        rows.append({"precision": float(precision), "recall": float(recall), "f1": float(f1),
+                     "support": int(matrix[k, :].sum())})
+    return rows
+
+
+def binary_curves(labels: np.ndarray, positive_scores: np.ndarray) -> dict[str, np.ndarray | float]:
+    """ROC and precision-recall curves of a binary task (class 1 positive), with their areas."""
+    labels = np.asarray(labels, dtype=np.int64)
+    order = np.argsort(-positive_scores, kind="mergesort")
+    sorted_labels = labels[order]
+    tps = np.cumsum(sorted_labels == 1)
+    fps = np.cumsum(sorted_labels == 0)
+    positives, negatives = max(tps[-1], 1), max(fps[-1], 1)
+    tpr = np.concatenate([[0.0], tps / positives])
+    fpr = np.concatenate([[0.0], fps / negatives])
+    precision = tps / np.arange(1, len(tps) + 1)
+    recall = tps / positives
+    return {
+        "fpr": fpr, "tpr": tpr, "roc_auc": float(np.trapezoid(tpr, fpr)),
+        "precision": precision, "recall": recall,
+        "average_precision": float(np.sum(np.diff(np.concatenate([[0.0], recall])) * precision)),
+    }

@@ -15,24 +15,31 @@ CHALLENGER = "challenger"
 CHAMPION = "champion"
 
 
+def versions_for(model_name: str, run_key: str) -> list:
+    """Versions of ``model_name`` tagged with ``run_key``, oldest first."""
+    found = client().search_model_versions(f"name = '{model_name}' and tags.`{RUN_KEY_TAG}` = '{run_key}'")
+    return sorted(found, key=lambda v: int(v.version))
+
+
 def find_version(model_name: str, run_key: str):
     """The version registered for ``run_key`` (a retried task must not register a second one)."""
-    mlflow_client = client()
-    if not _registered_model_exists(mlflow_client, model_name):
-        return None
-    versions = mlflow_client.search_model_versions(f"name = '{model_name}'")
-    mine = [v for v in versions if v.tags.get(RUN_KEY_TAG) == run_key]
-    return min(mine, key=lambda v: int(v.version)) if mine else None
+    found = versions_for(model_name, run_key)
+    return found[0] if found else None
 
 
-def _registered_model_exists(mlflow_client, model_name: str) -> bool:
-    from mlflow.exceptions import MlflowException
+def _settle(model_name: str, run_key: str, mine: str) -> str:
+    """After registering: keep the oldest version of ``run_key``; delete ours if it is not that one.
 
-    try:
-        mlflow_client.get_registered_model(model_name)
-        return True
-    except MlflowException:
-        return False
+    MLflow has no conditional create, so attempts racing past ``find_version`` each register a
+    version. Each then looks again; every one but the oldest's creator deletes its own, so exactly
+    one version survives, and all racers return it.
+    """
+    oldest = versions_for(model_name, run_key)[0]
+    if str(oldest.version) != mine:
+        log.info("version %s of %s lost a registration race for %s to version %s: deleting it",
+                 mine, model_name, run_key, oldest.version)
+        client().delete_model_version(model_name, mine)
+    return str(oldest.version)
 
 
 def log_and_register(
@@ -73,8 +80,9 @@ def log_and_register(
                 signature=signature, input_example=example, pip_requirements=requirements,
             )
     version = mlflow.register_model(info.model_uri, model_name, tags={RUN_KEY_TAG: run_key, **tags})
-    log.info("registered %s version %s from %s", model_name, version.version, info.model_uri)
-    return str(version.version), True
+    kept = _settle(model_name, run_key, str(version.version))
+    log.info("registered %s version %s from %s", model_name, kept, info.model_uri)
+    return kept, kept == str(version.version)
 
 
 class _Context:

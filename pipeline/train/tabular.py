@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 MODEL_FILE = "model.pt"
 SPEC_FILE = "model_spec.json"
 RESULT_FILE = "result.json"
+UNSENT_FILE = "unsent_metrics.jsonl"
 
 
 def _local_path(dataset: str) -> Path:
@@ -49,31 +50,23 @@ def _collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 class _Tracker:
-    """Rank 0's MLflow logging into the run named by ``MLFLOW_RUN_ID`` (a no-op without one)."""
+    """Rank 0's metrics, sent to the MLflow run named by ``MLFLOW_RUN_ID`` without blocking training."""
 
     def __init__(self, enabled: bool):
         self.run_id = os.environ.get("MLFLOW_RUN_ID") if enabled else None
-        self._client = None
+        self._logger = None
         if self.run_id:
+            from pipeline.registry.buffered import BufferedMetricLogger, mlflow_sender
             from pipeline.registry.tracking import client
 
-            self._client = client()
-
-    def params(self, params: dict[str, str]) -> None:
-        if self._client:
-            from mlflow.entities import Param
-
-            existing = self._client.get_run(self.run_id).data.params
-            fresh = [Param(k, v) for k, v in params.items() if k not in existing]
-            if fresh:  # a retried attempt logs into the same run: params are write-once
-                self._client.log_batch(self.run_id, params=fresh)
+            self._logger = BufferedMetricLogger(mlflow_sender(client(), self.run_id))
 
     def metrics(self, values: dict[str, float], step: int) -> None:
-        if self._client:
-            from mlflow.entities import Metric
+        if self._logger:
+            self._logger.log(values, step)
 
-            now = int(time.time() * 1000)
-            self._client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+    def close(self, timeout_s: float, spill_path: Path) -> int:
+        return self._logger.close(timeout_s, spill_path) if self._logger else 0
 
 
 def train(cfg: PipelineConfig, *, dataset: str, out_dir: Path) -> dict[str, Any]:
@@ -87,8 +80,6 @@ def train(cfg: PipelineConfig, *, dataset: str, out_dir: Path) -> dict[str, Any]
 
 def _train(cfg: PipelineConfig, ctx, dataset_dir: Path, out_dir: Path, started: float) -> dict[str, Any]:
     from streaming.base.util import clean_stale_shared_memory
-
-    from pipeline.registry.tracking import flatten
 
     clean_stale_shared_memory()  # holds a barrier: every rank calls it
     tc = cfg.train
@@ -110,9 +101,6 @@ def _train(cfg: PipelineConfig, ctx, dataset_dir: Path, out_dir: Path, started: 
     steps_per_epoch = math.ceil(len(train_loader.dataset) / tc.batch_size)
     total_steps = steps_per_epoch * tc.epochs
     tracker = _Tracker(ctx.is_main)
-    tracker.params(flatten(cfg.to_dict()) | {
-        "dataset.version": manifest["version"], "world_size": str(ctx.world_size), "backend": str(ctx.backend),
-    })
     if ctx.is_main:
         print(f"training on {ctx.world_size} rank(s), backend {ctx.backend}, device {ctx.device}: "
               f"{manifest['splits']['train']} train rows, {steps_per_epoch} steps/epoch, {tc.epochs} epochs",
@@ -144,13 +132,14 @@ def _train(cfg: PipelineConfig, ctx, dataset_dir: Path, out_dir: Path, started: 
                 eta = (total_steps - step) * elapsed / step
                 print(f"epoch {epoch + 1}/{tc.epochs} step {step}/{total_steps} loss {loss.item():.4f} "
                       f"{rate:,.0f} samples/s eta {eta:.0f}s", flush=True)
+                tracker.metrics({"step_loss": loss.item(), "samples_per_s": rate}, step=step)
         loss_sum, correct, count = distributed.all_reduce_sum(ctx, [loss_sum, correct, count])
         val_loss, val_accuracy = _validate(ctx, ddp, val_loader)
         metrics = {
             "train_loss": loss_sum / max(count, 1), "train_accuracy": correct / max(count, 1),
             "val_loss": val_loss, "val_accuracy": val_accuracy,
         }
-        tracker.metrics(metrics, step=epoch + 1)
+        tracker.metrics(metrics | {"epoch": epoch + 1}, step=step)
         if ctx.is_main:
             print(f"epoch {epoch + 1}/{tc.epochs} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
 
@@ -172,9 +161,11 @@ def _train(cfg: PipelineConfig, ctx, dataset_dir: Path, out_dir: Path, started: 
         "dataset_version": manifest["version"],
         "param_digests": digests,
         "mlflow_run_id": tracker.run_id,
+        "unsent_metrics_path": str(out_dir / UNSENT_FILE),
     }
     if ctx.is_main:
-        tracker.metrics({"samples_per_s": samples_per_s}, step=tc.epochs)
+        tracker.metrics({"train_samples_per_s": samples_per_s}, step=step)
+        result["unsent_metrics"] = tracker.close(tc.metrics_flush_timeout_s, out_dir / UNSENT_FILE)
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), out_dir / MODEL_FILE)
         (out_dir / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2))

@@ -22,7 +22,7 @@ def test_dag_bag_has_no_import_errors():
     assert bag.import_errors == {}
     assert "tabular_mlp" in bag.dag_ids
     dag = bag.dags["tabular_mlp"]
-    assert [t.task_id for t in dag.topological_sort()] == ["prepare_data", "train", "register_model", "evaluate", "promote"]
+    assert [t.task_id for t in dag.topological_sort()] == ["prepare_data", "train", "register_model", "evaluate", "approve", "promote"]
 
 
 def test_importing_dag_files_imports_no_heavy_library():

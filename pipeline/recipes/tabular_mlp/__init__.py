@@ -20,6 +20,7 @@ PARAMS: dict[str, str] = {
     "learning_rate": "train.learning_rate",
     "hidden_sizes": "train.hidden_sizes",
     "seed": "train.seed",
+    "require_approval": "evaluate.require_approval",
 }
 
 

@@ -1,0 +1,84 @@
+"""Idempotent registration: concurrent attempts with one run key leave exactly one model version."""
+
+import json
+import threading
+
+import pytest
+
+from tests.services import MlflowServer, PostgresDatabase
+
+ATTEMPTS = 8
+
+
+@pytest.fixture(params=["sqlite-store", "server-on-postgres"])
+def tracking_uri(request, tmp_path, monkeypatch):
+    if request.param == "sqlite-store":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+        monkeypatch.setenv("PIPELINE_MLFLOW_ARTIFACTS", (tmp_path / "artifacts").as_uri())
+        yield "sqlite"
+        return
+    database = PostgresDatabase()
+    server = MlflowServer(database.url, tmp_path / "server-artifacts", workers=2)
+    try:
+        server.start()
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        monkeypatch.delenv("PIPELINE_MLFLOW_ARTIFACTS", raising=False)
+        yield server.url
+    finally:
+        server.stop()
+        database.close()
+
+
+def _tiny_model(tmp_path):
+    import torch
+
+    from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
+
+    spec = ModelSpec(num_numeric=2, cardinalities=[3], num_classes=2, hidden_sizes=[4], dropout=0.0)
+    torch.save(TabularMLP(spec).state_dict(), tmp_path / "model.pt")
+    prep = {"numeric_columns": ["a", "b"], "categorical_columns": ["c"], "vocab": {"c": ["<unk>", "x", "y"]},
+            "mean": [0.0, 0.0], "std": [1.0, 1.0], "label_classes": [0, 1]}
+    (tmp_path / "preprocessing.json").write_text(json.dumps(prep))
+    return spec.to_dict()
+
+
+def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri, tmp_path):
+    from pipeline.registry import models, tracking
+
+    spec = _tiny_model(tmp_path)
+    run_key = "concurrency/run-1"
+    run_id = tracking.ensure_run("concurrency", run_key, {})
+    barrier = threading.Barrier(ATTEMPTS)
+    outcomes, errors = [], []
+
+    def attempt():
+        barrier.wait()
+        try:
+            outcomes.append(models.log_and_register(
+                run_id=run_id, model_name="racer", run_key=run_key, model_path=str(tmp_path / "model.pt"),
+                spec=spec, preprocessing_path=str(tmp_path / "preprocessing.json"),
+                input_example=[{"a": 1.0, "b": 2.0, "c": "x"}], tags={},
+            ))
+        except Exception as exc:  # collected so the assertion shows it
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=attempt) for _ in range(ATTEMPTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+
+    assert errors == []
+    survivors = tracking.client().search_model_versions("name = 'racer'")
+    assert len(survivors) == 1, [(v.version, v.tags) for v in survivors]
+    assert {version for version, _ in outcomes} == {str(survivors[0].version)}
+    assert sum(created for _, created in outcomes) == 1
+    # A retry after the race finds the version and registers nothing.
+    again = models.log_and_register(
+        run_id=run_id, model_name="racer", run_key=run_key, model_path=str(tmp_path / "model.pt"), spec=spec,
+        preprocessing_path=str(tmp_path / "preprocessing.json"), input_example=[{"a": 1.0, "b": 2.0, "c": "x"}],
+        tags={},
+    )
+    assert again == (str(survivors[0].version), False)
+    print(f"{tracking_uri}: {ATTEMPTS} concurrent attempts -> versions seen {sorted(v for v, _ in outcomes)}, "
+          f"1 kept")

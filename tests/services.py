@@ -1,0 +1,103 @@
+"""Real services for integration tests: PostgreSQL databases and `mlflow server` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+POSTGRES_DSN = os.environ.get("PIPELINE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
+
+
+def service_missing(what: str, exc: BaseException) -> None:
+    """Fail when CI requires the services (PIPELINE_REQUIRE_SERVICES=1), else skip, saying which."""
+    message = f"{what} is not reachable ({type(exc).__name__}: {exc})"
+    if os.environ.get("PIPELINE_REQUIRE_SERVICES") == "1":
+        pytest.fail(message + "; start it (see README, 'Tests') or unset PIPELINE_REQUIRE_SERVICES")
+    pytest.skip(message)
+
+
+class PostgresDatabase:
+    """A database with a unique name, dropped on close."""
+
+    def __init__(self):
+        import psycopg2
+
+        self.name = f"pipeline_test_{uuid.uuid4().hex[:10]}"
+        try:
+            conn = psycopg2.connect(f"{POSTGRES_DSN}/postgres", connect_timeout=5)
+        except psycopg2.OperationalError as exc:
+            service_missing(f"PostgreSQL at {POSTGRES_DSN}", exc)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{self.name}"')
+        conn.close()
+        self.url = f"{POSTGRES_DSN}/{self.name}"
+
+    def close(self) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(f"{POSTGRES_DSN}/postgres", connect_timeout=5)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server` on 127.0.0.1 in its own process group; stop() and start() again on the same port."""
+
+    def __init__(self, backend_uri: str, artifacts: Path, workers: int = 1):
+        self.backend_uri = backend_uri
+        self.artifacts = artifacts
+        self.workers = workers
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log_path = artifacts.parent / f"mlflow-server-{self.port}.log"
+
+    def start(self, timeout_s: float = 120) -> None:
+        mlflow_bin = str(Path(sys.executable).with_name("mlflow"))
+        cmd = [mlflow_bin, "server", "--backend-store-uri", self.backend_uri,
+               "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
+               "--workers", str(self.workers)]
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"mlflow server not healthy after {timeout_s}s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=15)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        self.proc = None
