@@ -54,6 +54,25 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     champion = str(models.version_by_alias("tabular_mlp", "champion").version)
     assert champion == (two if two["promoted"] else one)["model"]["version"]
 
+    # Lineage: one MLflow run per DAG run, tagged, with the dataset as its input and the report as artifacts.
+    mlflow_run = client().get_run(two["model"]["mlflow_run_id"])
+    tags = mlflow_run.data.tags
+    assert tags["airflow.dag_id"] == "tabular_mlp" and tags["airflow.run_id"] == second.run_id
+    assert tags["airflow.try_number"] == "1" and tags["airflow.logical_date"]
+    assert tags["airflow.url"].endswith("/dags/tabular_mlp/runs/" + second.run_id.replace(":", "%3A").replace("+", "%2B"))
+    assert tags["dataset.version"] == one["dataset"]["version"] and tags["code.version"] and tags["config.digest"]
+    inputs = mlflow_run.inputs.dataset_inputs
+    assert [d.dataset.digest for d in inputs] == [one["dataset"]["version"]]
+    artifacts = {a.path for a in client().list_artifacts(mlflow_run.info.run_id, "evaluation")}
+    assert {"evaluation/report.html", "evaluation/confusion_matrix.png", "evaluation/training_curves.png"} <= artifacts
+    for key in ("airflow.run_id", "airflow.url", "code.version", "config.digest"):
+        assert second_version.tags[key] == tags[key]
+    assert second_version.tags["validation_status"] in ("passed", "failed")
+    assert json.loads(second_version.tags["validation.guardrails"])[0]["metric"] == "macro_f1"
+    assert two["gate"]["primary"]["champion"] == pytest.approx(metrics["accuracy"], abs=1e-6)
+    train_loss = client().get_metric_history(mlflow_run.info.run_id, "train_loss")
+    assert len(train_loss) == TINY["epochs"]
+
     # The registered model scores raw rows straight from the input Parquet.
     import mlflow.pyfunc
     import pyarrow.parquet as pq
@@ -81,3 +100,34 @@ def test_bad_data_fails_the_run_at_once_without_retries(airflow_db, tmp_path):
     states = {ti.task_id: (str(ti.state), ti.try_number) for ti in dag_run.get_task_instances()}
     assert states["prepare_data"] == ("failed", 1)
     assert states["train"][0] in ("upstream_failed", "None")
+
+
+def test_remote_mlflow_credentials_come_from_a_connection_and_stay_out_of_logs(
+    airflow_db, demo_parquet, tmp_path, monkeypatch, capfd
+):
+    from mlflow import MlflowClient
+
+    from tests.services import MlflowServer
+
+    server = MlflowServer(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts")
+    server.start()
+    try:
+        password = "pw-9f3b7c1e-not-for-logs"
+        monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(
+            {"conn_type": "http", "host": "127.0.0.1", "port": server.port, "login": "trainer", "password": password}))
+        # Restored after the test: tasks run in this process under dag.test and export the connection.
+        for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            monkeypatch.setenv(key, "unset")
+        conf = {"input_path": str(demo_parquet), **TINY, "epochs": 1,
+                "overrides": {**TINY["overrides"], "registry.model_name": "remote_check",
+                              "registry.experiment": "remote_check"}}
+        dag_run = run_dag("tabular_mlp", conf)
+        assert _state(dag_run) == "success"
+        versions = MlflowClient(server.url).search_model_versions("name = 'remote_check'")
+        assert len(versions) == 1  # the run went to the server named by the connection
+        captured = capfd.readouterr()
+        assert password not in captured.out + captured.err
+        logs = [p for p in (RunInfo("tabular_mlp", dag_run.run_id).workdir / "train").rglob("*") if p.is_file()]
+        assert all(password not in p.read_text(errors="replace") for p in logs)
+    finally:
+        server.stop()

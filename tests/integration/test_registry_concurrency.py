@@ -42,8 +42,12 @@ def _tiny_model(tmp_path):
     return spec.to_dict()
 
 
-def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri, tmp_path):
+def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri, tmp_path, caplog):
+    import logging
+
     from pipeline.registry import models, tracking
+
+    caplog.set_level(logging.INFO, logger="pipeline.registry.models")
 
     spec = _tiny_model(tmp_path)
     run_key = "concurrency/run-1"
@@ -80,5 +84,7 @@ def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri
         tags={},
     )
     assert again == (str(survivors[0].version), False)
-    print(f"{tracking_uri}: {ATTEMPTS} concurrent attempts -> versions seen {sorted(v for v, _ in outcomes)}, "
-          f"1 kept")
+    lost = sum("lost a registration race" in r.getMessage() for r in caplog.records)
+    found = sum("already registered" in r.getMessage() for r in caplog.records)
+    print(f"{tracking_uri}: {ATTEMPTS} concurrent attempts: {lost + 1} registered a version, {lost} deleted theirs "
+          f"after losing the race, {found} found it before registering; 1 version kept")

@@ -1,0 +1,30 @@
+"""Credentials for a remote MLflow come from an Airflow connection and stay out of logs."""
+
+from airflow.sdk import Connection
+
+from pipeline.launch.local import torchrun_command
+from pipeline.orchestration import mlflow_env_from_connection
+
+
+def test_connection_becomes_mlflow_environment_without_credentials_in_the_uri():
+    conn = Connection(conn_id="mlflow_default", conn_type="http", host="mlflow.internal", port=5000,
+                      login="trainer", password="s3cr3t-pass", extra='{"token": "tok-123"}')
+    env = mlflow_env_from_connection(conn)
+    assert env == {
+        "MLFLOW_TRACKING_URI": "http://mlflow.internal:5000",
+        "MLFLOW_TRACKING_USERNAME": "trainer",
+        "MLFLOW_TRACKING_PASSWORD": "s3cr3t-pass",
+        "MLFLOW_TRACKING_TOKEN": "tok-123",
+    }
+
+
+def test_https_scheme_and_no_connection():
+    conn = Connection(conn_id="m", conn_type="http", host="https://mlflow.example.com", login=None, password=None)
+    assert mlflow_env_from_connection(conn) == {"MLFLOW_TRACKING_URI": "https://mlflow.example.com"}
+    assert mlflow_env_from_connection(None) == {}
+
+
+def test_the_logged_launch_command_carries_no_environment(tmp_path):
+    # run_torchrun logs this command line; credentials travel only in the child's environment.
+    command = " ".join(torchrun_command("pipeline.train", ["--config", "c.json"], nproc_per_node=2, log_dir=tmp_path))
+    assert "s3cr3t" not in command and "MLFLOW_TRACKING_PASSWORD" not in command
