@@ -7,7 +7,7 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, task
 
 from pipeline import stages
-from pipeline.orchestration import promotion_approval, run_stage
+from pipeline.orchestration import promotion_approval, run_stage, with_mlflow_link
 from pipeline.recipes import tabular_mlp as recipe
 
 
@@ -44,9 +44,9 @@ def tabular_mlp():
         return run_stage(stages.promote, recipe.config_from_params, dataset, trained, registered, evaluation, approval)
 
     dataset = prepare_data()
-    trained = train(dataset)
-    registered = register_model(dataset, trained)
-    evaluation = evaluate(dataset, registered)
+    trained = with_mlflow_link(train(dataset))
+    registered = with_mlflow_link(register_model(dataset, trained))
+    evaluation = with_mlflow_link(evaluate(dataset, registered))
     approval = promotion_approval(retries=0)
     evaluation >> approval
     promote(dataset, trained, registered, evaluation, approval.output)

@@ -60,7 +60,11 @@ def airflow_env(airflow_home: Path | None = None) -> dict[str, str]:
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
     }
-    return {key: os.environ.get(key, value) for key, value in defaults.items()}
+    env = {key: os.environ.get(key, value) for key, value in defaults.items()}
+    # DAG files, plugins and task processes import `pipeline` from the project root.
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(PROJECT_ROOT), *paths]))
+    return env
 
 
 def apply_airflow_env(airflow_home: Path | None = None) -> dict[str, str]:

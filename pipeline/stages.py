@@ -116,7 +116,11 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
         timeout_s=cfg.launch.timeout_s,
         grace_period_s=cfg.launch.grace_period_s,
     )
+    from pipeline.registry.links import run_url
+
     result = json.loads(result_path.read_text())
+    result["mlflow_experiment_id"] = tracking.experiment_id_of(mlflow_run_id)
+    result["mlflow_url"] = run_url(result["mlflow_experiment_id"], mlflow_run_id)
     result["wall_s"] = round(time.perf_counter() - started, 3)
     return result
 
@@ -145,11 +149,15 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], t
             tags=lineage_tags(cfg, run, dataset),
         )
         models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
+    from pipeline.registry.links import model_version_url
+
     return {
         "model_name": cfg.registry.model_name,
         "version": version,
         "created": created,
         "mlflow_run_id": trained["mlflow_run_id"],
+        "mlflow_experiment_id": trained["mlflow_experiment_id"],
+        "mlflow_url": model_version_url(cfg.registry.model_name, version),
         "wall_s": round(time.perf_counter() - started, 3),
     }
 
@@ -163,6 +171,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
     from pipeline.evaluate.metrics import classification_metrics
     from pipeline.evaluate.report import score_details, text_summary, write_report
     from pipeline.registry import models, tracking
+    from pipeline.registry.links import run_url
     from pipeline.registry.model import PROBA_PREFIX
 
     started = time.perf_counter()
@@ -211,6 +220,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
         "gate": decision.to_dict(),
         "test_rows": int(len(labels)),
         "report": str(report_dir / "report.html"),
+        "mlflow_url": run_url(registered["mlflow_experiment_id"], run_id) + "/artifacts/evaluation/report.html",
         "wall_s": round(time.perf_counter() - started, 3),
     }
 

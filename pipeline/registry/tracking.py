@@ -102,6 +102,10 @@ def ensure_run(experiment: str, run_key: str, tags: dict[str, str]) -> str:
     return run.info.run_id
 
 
+def experiment_id_of(run_id: str) -> str:
+    return client().get_run(run_id).info.experiment_id
+
+
 def log_params_once(run_id: str, params: dict[str, str]) -> None:
     """Log params not yet on the run (params are write-once; a retried task logs the same ones)."""
     from mlflow.entities import Param

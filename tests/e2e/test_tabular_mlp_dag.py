@@ -22,6 +22,15 @@ def _state(dag_run) -> str:
     return str(getattr(dag_run.state, "value", dag_run.state))
 
 
+def _extra_links(run_id: str, key: str) -> dict[str, str]:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(XComModel.get_many(run_id=run_id, key=key, dag_ids="tabular_mlp")).all()
+        return {row.task_id: XComModel.deserialize_value(row) for row in rows}
+
+
 def _summary(dag_run) -> dict:
     return json.loads((RunInfo("tabular_mlp", dag_run.run_id).workdir / "summary.json").read_text())
 
@@ -72,6 +81,13 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     assert two["gate"]["primary"]["champion"] == pytest.approx(metrics["accuracy"], abs=1e-6)
     train_loss = client().get_metric_history(mlflow_run.info.run_id, "train_loss")
     assert len(train_loss) == TINY["epochs"]
+
+    # Airflow -> MLflow: the "MLflow" extra link of train, register_model and evaluate.
+    links = _extra_links(second.run_id, "_link_MlflowLink")
+    assert set(links) == {"train", "register_model", "evaluate"}
+    assert links["train"].endswith(f"/runs/{mlflow_run.info.run_id}")
+    assert links["register_model"].endswith(f"/#/models/tabular_mlp/versions/{two['model']['version']}")
+    assert links["evaluate"].endswith("/artifacts/evaluation/report.html")
 
     # The registered model scores raw rows straight from the input Parquet.
     import mlflow.pyfunc
