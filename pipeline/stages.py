@@ -239,6 +239,8 @@ def promote(
     if promoted and cfg.evaluate.require_approval:
         chosen = (approval or {}).get("chosen_options") or ["Reject"]
         who = (approval or {}).get("responded_by_user") or "nobody (timed out)"
+        if isinstance(who, dict):
+            who = who.get("name") or who.get("id")
         promoted = chosen == ["Approve"]
         reason += f"; {'approved' if promoted else 'rejected'} by {who}"
     with tracking.reachable("move the champion alias"):

@@ -101,3 +101,4 @@ class MlflowServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
         self.proc = None
+

@@ -147,3 +147,4 @@ def test_remote_mlflow_credentials_come_from_a_connection_and_stay_out_of_logs(
         assert all(password not in p.read_text(errors="replace") for p in logs)
     finally:
         server.stop()
+
