@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import json
 import uuid
 from pathlib import Path
 
@@ -102,3 +103,36 @@ class MlflowServer:
             self.proc.wait(timeout=5)
         self.proc = None
 
+
+class AirflowApiServer:
+    """`airflow api-server` on 127.0.0.1 over this test session's metadata DB, everyone an admin."""
+
+    def __init__(self, log_dir):
+        self.port = free_port(); self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"api-server-{self.port}.log"; self.proc = None
+    def start(self, timeout_s=120):
+        env = {**os.environ, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True", "AIRFLOW__API__BASE_URL": self.url}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1", "--port", str(self.port)],
+                                     env=env, stdout=open(self.log_path, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("api-server not healthy")
+    def request(self, method, path, payload=None):
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._token()}"}
+        data = json.dumps(payload).encode() if payload is not None else None
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers=headers)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read() or b"{}")
+    def _token(self):
+        req = urllib.request.Request(f"{self.url}/auth/token", data=b'{"username": "admin", "password": "unused"}', method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())["access_token"]
+    def stop(self):
+        if self.proc:
+            os.killpg(self.proc.pid, signal.SIGKILL); self.proc = None

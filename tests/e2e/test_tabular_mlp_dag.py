@@ -148,3 +148,54 @@ def test_remote_mlflow_credentials_come_from_a_connection_and_stay_out_of_logs(
     finally:
         server.stop()
 
+
+
+def test_require_approval_waits_for_a_person_through_the_api(airflow_db, demo_parquet, tmp_path):
+    import threading
+    import time
+    import urllib.error
+    from urllib.parse import quote
+
+    from pipeline.registry import models
+    from tests.services import AirflowApiServer
+
+    api = AirflowApiServer(tmp_path)
+    api.start()
+    approver = {}
+    assert models.version_by_alias("approval_check", "champion") is None  # also imports mlflow in this thread
+
+    def approve_when_asked():
+        # A person answering in the UI. HTTP only: importing Airflow's ORM models from a second
+        # thread while dag.test runs deadlocks on the import lock.
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                waiting = api.request("GET", "/api/v2/dags/tabular_mlp/dagRuns/~/taskInstances"
+                                             "?task_id=approve&state=awaiting_input")["task_instances"]
+            except urllib.error.HTTPError as exc:  # 404 until dag.test has serialized the DAG
+                approver["last_error"] = repr(exc)
+                waiting = []
+            if waiting:
+                run_id = waiting[0]["dag_run_id"]
+                approver["champion_before_answer"] = models.version_by_alias("approval_check", "champion")
+                approver["response"] = api.request(
+                    "PATCH", f"/api/v2/dags/tabular_mlp/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails",
+                    {"chosen_options": ["Approve"]})
+                return
+            time.sleep(1)
+
+    thread = threading.Thread(target=approve_when_asked, daemon=True)
+    thread.start()
+    try:
+        conf = {"input_path": str(demo_parquet), **TINY, "epochs": 1, "require_approval": True,
+                "overrides": {**TINY["overrides"], "registry.model_name": "approval_check"}}
+        dag_run = run_dag("tabular_mlp", conf)
+        thread.join(timeout=10)
+    finally:
+        api.stop()
+    assert approver.get("response", {}).get("chosen_options") == ["Approve"], approver
+    assert approver["champion_before_answer"] is None  # nothing moved before the answer
+    assert _state(dag_run) == "success"
+    summary = _summary(dag_run)
+    assert summary["promoted"] and "approved by" in summary["reason"], summary["reason"]
+    assert str(models.version_by_alias("approval_check", "champion").version) == summary["model"]["version"]
