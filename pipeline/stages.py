@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline import settings
 from pipeline.config import PipelineConfig
+from pipeline.data import local_path
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,6 @@ def lineage_tags(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> 
         "dataset.uri": dataset["uri"], "dataset.version": dataset["version"],
         "config.digest": cfg.digest(), "code.version": code_version(),
     }
-
-
-def _local(uri: str) -> Path:
-    return Path(uri.removeprefix("file://"))
 
 
 def prepare_data(cfg: PipelineConfig, run: RunInfo) -> dict[str, Any]:
@@ -132,7 +129,7 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], t
     from pipeline.registry.buffered import mlflow_sender, replay_spill
 
     started = time.perf_counter()
-    dataset_dir = _local(dataset["uri"])
+    dataset_dir = local_path(dataset["uri"])
     with tracking.reachable("register the model"):
         replayed = replay_spill(Path(trained["unsent_metrics_path"]),
                                 mlflow_sender(tracking.client(), trained["mlflow_run_id"]))
@@ -176,7 +173,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
 
     started = time.perf_counter()
     name, run_id = cfg.registry.model_name, registered["mlflow_run_id"]
-    dataset_dir = _local(dataset["uri"])
+    dataset_dir = local_path(dataset["uri"])
     frame, labels = load_split(dataset_dir, "test", run.workdir / "evaluate" / "cache")
     classes = read_preprocessing(dataset_dir)["label_classes"]
     scored: dict[str, dict[str, Any] | None] = {}

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.config import PipelineConfig
+from pipeline.data import local_path
 from pipeline.data.tabular import read_manifest, read_preprocessing
 from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
 from pipeline.train import distributed
@@ -28,11 +29,7 @@ RESULT_FILE = "result.json"
 UNSENT_FILE = "unsent_metrics.jsonl"
 
 
-def _local_path(dataset: str) -> Path:
-    return Path(dataset.removeprefix("file://")) if dataset.startswith("file://") else Path(dataset)
-
-
-def _loader(ctx, dataset_dir: Path, split: str, cache_dir: Path, *, batch_size: int, shuffle: bool, seed: int):
+def _loader(dataset_dir: Path, split: str, cache_dir: Path, *, batch_size: int, shuffle: bool, seed: int):
     from streaming import StreamingDataLoader, StreamingDataset
 
     # The published version is the remote and each job gets its own local cache: two jobs reading
@@ -73,7 +70,7 @@ def train(cfg: PipelineConfig, *, dataset: str, out_dir: Path) -> dict[str, Any]
     started = time.perf_counter()
     ctx = distributed.setup(cfg.launch.backend)
     try:
-        return _train(cfg, ctx, _local_path(dataset), Path(out_dir), started)
+        return _train(cfg, ctx, local_path(dataset), Path(out_dir), started)
     finally:
         distributed.teardown(ctx)
 
@@ -96,8 +93,8 @@ def _train(cfg: PipelineConfig, ctx, dataset_dir: Path, out_dir: Path, started: 
     np.random.seed(tc.seed + ctx.rank)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay)
     cache_dir = out_dir / "cache"  # shared by the ranks of a node, as streaming expects
-    train_loader = _loader(ctx, dataset_dir, "train", cache_dir, batch_size=tc.batch_size, shuffle=True, seed=tc.seed)
-    val_loader = _loader(ctx, dataset_dir, "val", cache_dir, batch_size=tc.batch_size, shuffle=False, seed=tc.seed)
+    train_loader = _loader(dataset_dir, "train", cache_dir, batch_size=tc.batch_size, shuffle=True, seed=tc.seed)
+    val_loader = _loader(dataset_dir, "val", cache_dir, batch_size=tc.batch_size, shuffle=False, seed=tc.seed)
     steps_per_epoch = math.ceil(len(train_loader.dataset) / tc.batch_size)
     total_steps = steps_per_epoch * tc.epochs
     tracker = _Tracker(ctx.is_main)
