@@ -55,6 +55,21 @@ class TrainConfig:
         120.0, "How long the end of training waits for buffered metrics to reach MLflow before it "
         "spills them to a file that register_model replays.", min=0.0,
     )
+    grad_accum_steps: int = _field(
+        1, "Micro-batches per optimizer step (gradients accumulated; DDP syncs only on the last).", min=1, max=1024,
+    )
+    lr_schedule: str = _field("constant", "Learning-rate schedule after warm-up.", choices=["constant", "cosine"])
+    warmup_steps: int = _field(0, "Optimizer steps of linear learning-rate warm-up.", min=0)
+    precision: str = _field(
+        "auto", "Math precision; auto is bf16 autocast on a GPU that supports it, fp32 otherwise.",
+        choices=["auto", "fp32", "bf16"],
+    )
+    num_workers: int = _field(0, "Data loader worker processes per rank.", min=0, max=64)
+    checkpoint_every_steps: int = _field(
+        200, "Optimizer steps between checkpoints (one is also written at every epoch end); 0 writes only those.",
+        min=0,
+    )
+    keep_checkpoints: int = _field(3, "Complete checkpoints kept; older ones are deleted.", min=1, max=100)
 
 
 @dataclass(kw_only=True)
@@ -66,6 +81,13 @@ class LaunchConfig:
     )
     timeout_s: int = _field(24 * 3600, "Longest a training job may run before it is stopped.", min=1)
     grace_period_s: float = _field(10.0, "Seconds between SIGTERM and SIGKILL when stopping ranks.", min=0.0)
+    max_restarts: int = _field(
+        0, "Times torchrun restarts all ranks after one fails; they resume from the last checkpoint.", min=0, max=100,
+    )
+    stall_timeout_s: float = _field(
+        600.0, "Stop the job and fail the attempt (retryable) when no training step completes for this "
+        "long; 0 disables the watchdog.", min=0.0,
+    )
 
 
 @dataclass(kw_only=True)

@@ -23,3 +23,7 @@ class InfraError(PipelineError):
 
 class TrainingFailed(InfraError):
     """The torchrun job exited non-zero."""
+
+
+class TrainingStalled(TrainingFailed):
+    """No training step completed for longer than the stall timeout; the ranks were stopped."""

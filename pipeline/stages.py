@@ -102,16 +102,21 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
     config_path.write_text(json.dumps(cfg.to_dict(), indent=2))
     result_path = out_dir / "result.json"
     result_path.unlink(missing_ok=True)  # never report a previous attempt's result
+    datasets = dataset.get("uris") or [dataset["uri"]]
+    launch = cfg.launch
     run_torchrun(
-        "pipeline.train",
-        ["--config", str(config_path), "--dataset", dataset["uri"], "--out", str(out_dir)],
-        nproc_per_node=cfg.launch.nproc_per_node,
-        log_dir=out_dir / f"torchrun-logs-try{run.try_number}",
+        ["-m", "pipeline.train", "--config", str(config_path), "--out", str(out_dir),
+         *(arg for uri in datasets for arg in ("--dataset", uri))],
+        nproc_per_node=launch.nproc_per_node,
+        max_restarts=launch.max_restarts,
+        # Checkpoints live in out_dir, keyed by DAG, run and task: a retry resumes where the last try stopped.
+        log_dir=out_dir / f"logs-try{run.try_number}",
         # Rank 0 buffers and retries metrics itself: MLflow's own HTTP retries would stall a step.
         env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri(),
              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"},
-        timeout_s=cfg.launch.timeout_s,
-        grace_period_s=cfg.launch.grace_period_s,
+        timeout_s=launch.timeout_s,
+        grace_period_s=launch.grace_period_s,
+        stall_timeout_s=launch.stall_timeout_s or None,
     )
     from pipeline.registry.links import run_url
 

@@ -1,15 +1,18 @@
-"""Run ``torchrun`` as a supervised child: live per-rank output, a clean stop of every rank.
+"""Run ``torchrun`` as a supervised child: live per-rank output, a stall watchdog, a clean stop of every rank.
 
-torchrun starts in its own session (process group), so that stopping it - on a timeout, an
-exception, or a SIGTERM/SIGINT of the task process - signals the agent *and* every rank:
-SIGTERM to the group, a grace period, then SIGKILL.
+The job runs under ``pipeline.launch.guard`` in a session (process group) of its own, so stopping
+it - on a timeout, a stall, an exception, ``on_kill``, or a SIGTERM/SIGINT of the task process -
+signals the agent *and* every rank: SIGTERM to the group, a grace period, then SIGKILL. If the
+task process dies without a chance to clean up (SIGKILL), the guard stops the group itself.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,68 +22,216 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pipeline import settings
-from pipeline.errors import TrainingFailed
+from pipeline.errors import TrainingFailed, TrainingStalled
+from pipeline.launch.shm import clean_stale_shared_memory
+from pipeline.train.progress import DUMP_SIGNAL, PROGRESS_DIR_ENV, read_heartbeats
 
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 60
+POLL_S = 0.5
 
 
-def torchrun_command(module: str, args: Sequence[str], *, nproc_per_node: int, log_dir: Path) -> list[str]:
-    """The torchrun command line: one node, ``--tee 3`` so every line carries its rank prefix."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc-per-node={nproc_per_node}",
-        "--tee=3", f"--log-dir={log_dir}",
-        "-m", module, *args,
-    ]
-
-
-def run_torchrun(
-    module: str,
-    args: Sequence[str],
+def torchrun_command(
+    entry: Sequence[str],
     *,
     nproc_per_node: int,
     log_dir: Path,
-    env: dict[str, str] | None = None,
-    timeout_s: float = 24 * 3600,
-    grace_period_s: float = 10.0,
-    emit: Callable[[str], None] | None = None,
-) -> None:
-    """Run ``torchrun -m module args`` and return when it succeeds; raise ``TrainingFailed`` otherwise.
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "job",
+    max_restarts: int = 0,
+    no_python: bool = False,
+) -> list[str]:
+    """The torchrun command line; ``--tee 3`` so every line carries its rank prefix.
 
-    Every output line goes to ``emit`` (the task log by default) as it arrives; on failure the
-    error names the exit code and ends with the output's tail, where torchrun prints the failing
-    rank's traceback.
+    ``entry`` is ``["-m", "package.module", *args]``, ``["script.py", *args]``, or with
+    ``no_python`` an executable and its arguments (a CLI that reads the torchrun environment).
     """
-    emit = emit or log.info
-    log_dir.mkdir(parents=True, exist_ok=True)
-    cmd = torchrun_command(module, args, nproc_per_node=nproc_per_node, log_dir=log_dir)
-    child_env = {**os.environ, **(env or {})}
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT), child_env.get("PYTHONPATH")]))
-    child_env["PYTHONUNBUFFERED"] = "1"
-    emit("launching: " + " ".join(cmd))
-    proc = subprocess.Popen(
-        cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True, text=True, errors="replace", bufsize=1,
-    )
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    reader = threading.Thread(target=_pump, args=(proc, emit, tail), daemon=True)
-    reader.start()
-    previous = _forward_termination(proc, grace_period_s)
-    try:
-        returncode = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        stop_group(proc, grace_period_s)
-        raise TrainingFailed(f"training ran past launch.timeout_s={timeout_s}s and was stopped") from None
-    finally:
-        stop_group(proc, grace_period_s)
-        _restore(previous)
-        reader.join(timeout=5)
-    if returncode != 0:
-        raise TrainingFailed(
-            f"torchrun exited with code {returncode}; last output lines:\n" + "\n".join(tail)
+    if nnodes == 1 and rdzv_endpoint is None:
+        topology = ["--standalone", "--nnodes=1"]
+    else:
+        if not rdzv_endpoint:
+            raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (host:port of the c10d rendezvous)")
+        topology = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+    return [
+        sys.executable, "-m", "torch.distributed.run", *topology,
+        f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}",
+        "--tee=3", f"--log-dir={log_dir}", *(["--no-python"] if no_python else []),
+        *entry,
+    ]
+
+
+class TorchrunJob:
+    """One supervised torchrun launch on this node. ``run()`` blocks; ``stop()`` may come from anywhere."""
+
+    def __init__(
+        self,
+        entry: Sequence[str],
+        *,
+        nproc_per_node: int,
+        log_dir: Path,
+        nnodes: int = 1,
+        node_rank: int = 0,
+        rdzv_endpoint: str | None = None,
+        max_restarts: int = 0,
+        no_python: bool = False,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 24 * 3600,
+        grace_period_s: float = 10.0,
+        stall_timeout_s: float | None = None,
+    ):
+        self.log_dir = Path(log_dir)
+        self.progress_dir = self.log_dir / "progress"
+        self.command = torchrun_command(
+            entry, nproc_per_node=nproc_per_node, log_dir=self.log_dir / "torchrun", nnodes=nnodes,
+            node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts, no_python=no_python,
         )
+        self.env = env or {}
+        self.timeout_s = timeout_s
+        self.grace_period_s = grace_period_s
+        self.stall_timeout_s = stall_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self._stopped_by: str | None = None
+
+    def run(self, emit: Callable[[str], None] | None = None) -> None:
+        """Run to completion; raise ``TrainingFailed`` (or ``TrainingStalled``) otherwise.
+
+        Every output line goes to ``emit`` (the task log by default) as it arrives; on failure the
+        error names the exit code, the failing rank's traceback and the output's tail.
+        """
+        emit = emit or log.info
+        removed = clean_stale_shared_memory()
+        if removed:
+            emit(f"removed stale shared memory left by a previous attempt: {', '.join(sorted(removed))}")
+        shutil.rmtree(self.progress_dir, ignore_errors=True)
+        self.progress_dir.mkdir(parents=True)
+        child_env = {**os.environ, **self.env, PROGRESS_DIR_ENV: str(self.progress_dir), "PYTHONUNBUFFERED": "1"}
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT), child_env.get("PYTHONPATH")]))
+        emit("launching: " + " ".join(self.command))
+        guard = [sys.executable, "-m", "pipeline.launch.guard", f"--grace-period-s={self.grace_period_s}",
+                 f"--parent-pid={os.getpid()}", "--"]
+        self.proc = subprocess.Popen(
+            guard + self.command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace", bufsize=1,
+        )
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        reader = threading.Thread(target=_pump, args=(self.proc, emit, tail), daemon=True)
+        reader.start()
+        previous = self._forward_termination()
+        try:
+            returncode = self._wait(emit)
+        finally:
+            self.stop()
+            _restore(previous)
+            reader.join(timeout=5)
+        if self._stopped_by == "stall":
+            raise TrainingStalled(self._stall_message + "\nlast output lines:\n" + "\n".join(tail))
+        if self._stopped_by == "timeout":
+            raise TrainingFailed(f"training ran past launch.timeout_s={self.timeout_s}s and was stopped")
+        if returncode != 0:
+            failure = rank_failure(self.log_dir / "torchrun")
+            raise TrainingFailed(
+                f"torchrun exited with code {returncode}"
+                + (f"; {failure}" if failure else "")
+                + "\nlast output lines:\n" + "\n".join(tail)
+            )
+
+    def stop(self) -> None:
+        """SIGTERM the job's whole process group, wait up to the grace period, then SIGKILL it."""
+        if self.proc is not None:
+            stop_group(self.proc, self.grace_period_s)
+
+    def _wait(self, emit: Callable[[str], None]) -> int:
+        assert self.proc is not None
+        started = last_change = time.monotonic()
+        last_beats: dict = {}
+        while True:
+            try:
+                return self.proc.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now - started > self.timeout_s:
+                self._stopped_by = "timeout"
+                self.stop()
+                return self.proc.wait()
+            beats = read_heartbeats(self.progress_dir)
+            progress = {rank: {k: v for k, v in beat.items() if k != "time"} for rank, beat in beats.items()}
+            if progress != last_beats:
+                last_beats, last_change = progress, now
+            elif self.stall_timeout_s and now - last_change > self.stall_timeout_s:
+                self._stall_message = _describe_stall(beats, now - last_change, self.stall_timeout_s)
+                emit(self._stall_message)
+                self._dump_stacks(beats, emit)
+                self._stopped_by = "stall"
+                self.stop()
+                return self.proc.wait()
+
+    def _dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
+        """Ask every rank to print its Python stacks (faulthandler) before the job is stopped."""
+        emit("asking every rank for its stack traces (they follow, with rank prefixes)")
+        for beat in beats.values():
+            try:
+                os.kill(beat["pid"], DUMP_SIGNAL)
+            except ProcessLookupError:
+                pass
+        time.sleep(2)
+
+    def _forward_termination(self):
+        """Make SIGTERM/SIGINT of this process stop the training group first (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            self.stop()
+            previous_handler = previous.get(signum)
+            if callable(previous_handler):
+                previous_handler(signum, frame)
+            else:
+                raise SystemExit(128 + signum)
+
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
+            signal.signal(sig, handler)
+        return previous
+
+
+def run_torchrun(entry: Sequence[str], *, emit: Callable[[str], None] | None = None, **options) -> None:
+    """Run one supervised torchrun job to completion (see ``TorchrunJob`` for the options)."""
+    TorchrunJob(entry, **options).run(emit)
+
+
+def _describe_stall(beats: dict, idle_s: float, stall_timeout_s: float) -> str:
+    if not beats:
+        return (f"training stalled: no rank reported progress for {idle_s:.0f}s "
+                f"(launch.stall_timeout_s={stall_timeout_s:g}); it never reached its first step")
+    where = "; ".join(
+        f"rank {rank}: step {beat['step']}" + (f"/{beat['total']}" if beat.get("total") else "")
+        + (f" epoch {beat['epoch']}" if beat.get("epoch") is not None else "") + f" ({beat['phase']}, pid {beat['pid']})"
+        for rank, beat in sorted(beats.items())
+    )
+    return (f"training stalled: no step completed for {idle_s:.0f}s (launch.stall_timeout_s={stall_timeout_s:g}); "
+            f"last reported positions: {where}")
+
+
+def rank_failure(torchrun_log_dir: Path) -> str | None:
+    """The failing rank's traceback from torchrun's error files (written by ``@record``), newest first."""
+    files = sorted(Path(torchrun_log_dir).glob("**/error.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in files:
+        try:
+            message = json.loads(path.read_text())["message"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if isinstance(message, dict):
+            stack = message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
+        else:
+            stack = str(message)
+        local_rank, attempt = path.parent.name, path.parent.parent.name
+        return f"local rank {local_rank} failed ({attempt.replace('_', ' ')}):\n{stack.rstrip()}"
+    return None
 
 
 def stop_group(proc: subprocess.Popen, grace_period_s: float) -> None:
@@ -91,8 +242,11 @@ def stop_group(proc: subprocess.Popen, grace_period_s: float) -> None:
         return
     if not _group_alive(pgid):
         return
-    os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_period_s
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_period_s + 2  # the guard escalates at grace_period_s itself
     while time.monotonic() < deadline:
         proc.poll()
         if not _group_alive(pgid):
@@ -122,25 +276,6 @@ def _pump(proc: subprocess.Popen, emit: Callable[[str], None], tail: collections
         line = line.rstrip("\n")
         tail.append(line)
         emit(line)
-
-
-def _forward_termination(proc: subprocess.Popen, grace_period_s: float):
-    """Make SIGTERM of this process stop the training group first (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        stop_group(proc, grace_period_s)
-        previous_handler = previous.get(signum)
-        if callable(previous_handler):
-            previous_handler(signum, frame)
-        else:
-            raise SystemExit(128 + signum)
-
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
-    for sig in previous:
-        signal.signal(sig, handler)
-    return previous
 
 
 def _restore(previous) -> None:

@@ -16,7 +16,9 @@ from pipeline.errors import UserError
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__)
     parser.add_argument("--config", required=True, type=Path, help="resolved config JSON (PipelineConfig.to_dict)")
-    parser.add_argument("--dataset", required=True, help="dataset version folder or URI (with manifest.json)")
+    parser.add_argument("--dataset", dest="datasets", required=True, action="append", metavar="URI",
+                        help="dataset version folder or URI (with manifest.json); repeat it to read a window "
+                        "of versions as streams of one dataset")
     parser.add_argument("--out", required=True, type=Path, help="folder for the model, checkpoints, result.json")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set train.learning_rate=3e-4 (repeatable)")
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from pipeline.train.tabular import train
 
-    train(cfg, dataset=args.dataset, out_dir=args.out)
+    train(cfg, datasets=args.datasets, out_dir=args.out)
     return 0
 
 

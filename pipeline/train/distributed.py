@@ -54,6 +54,20 @@ def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def broadcast_object(ctx: DistContext, obj):
+    """Rank 0's ``obj`` on every rank."""
+    if not ctx.enabled:
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
 def gather(ctx: DistContext, obj) -> list:
     """Every rank's ``obj``, in rank order (a one-element list without DDP)."""
     if not ctx.enabled:

@@ -19,8 +19,8 @@ def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     lines = []
     run_torchrun(
-        "pipeline.train",
-        ["--config", str(tmp_path / "config.json"), "--dataset", dataset["uri"], "--out", str(tmp_path / "out")],
+        ["-m", "pipeline.train", "--config", str(tmp_path / "config.json"), "--dataset", dataset["uri"],
+         "--out", str(tmp_path / "out")],
         nproc_per_node=2, log_dir=tmp_path / "logs", emit=lines.append,
     )
     result = json.loads((tmp_path / "out" / "result.json").read_text())

@@ -43,7 +43,7 @@ def script_dir(tmp_path):
 
 def test_output_is_streamed_with_rank_prefixes(script_dir, tmp_path):
     lines = []
-    run_torchrun("toy_job", ["ok"], nproc_per_node=2, log_dir=tmp_path / "logs",
+    run_torchrun(["-m", "toy_job", "ok"], nproc_per_node=2, log_dir=tmp_path / "logs",
                  env={"PYTHONPATH": str(script_dir)}, emit=lines.append)
     assert any(line.endswith("hello from rank 0") and "0]:" in line for line in lines)
     assert any(line.endswith("hello from rank 1") and "1]:" in line for line in lines)
@@ -51,14 +51,16 @@ def test_output_is_streamed_with_rank_prefixes(script_dir, tmp_path):
 
 def test_a_failing_rank_fails_the_launch_with_its_traceback(script_dir, tmp_path):
     with pytest.raises(TrainingFailed) as err:
-        run_torchrun("toy_job", ["fail"], nproc_per_node=2, log_dir=tmp_path / "logs",
+        run_torchrun(["-m", "toy_job", "fail"], nproc_per_node=2, log_dir=tmp_path / "logs",
                      env={"PYTHONPATH": str(script_dir)}, emit=lambda line: None, grace_period_s=2)
     message = str(err.value)
     assert "torchrun exited with code 1" in message
     assert "ValueError: boom from rank 1" in message
 
 
-def test_sigterm_of_the_supervising_process_stops_every_rank(script_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killing_the_supervising_process_stops_every_rank(script_dir, tmp_path, signum):
+    """SIGTERM reaches the supervisor's handler; SIGKILL leaves the job to the guard (PR_SET_PDEATHSIG)."""
     marker = f"toy-job-{os.getpid()}"
     driver = textwrap.dedent(
         f"""
@@ -66,7 +68,7 @@ def test_sigterm_of_the_supervising_process_stops_every_rank(script_dir, tmp_pat
         sys.path.insert(0, {str(script_dir)!r})
         from pipeline.launch.local import run_torchrun
         from pathlib import Path
-        run_torchrun("toy_job", ["sleep", {marker!r}], nproc_per_node=2, log_dir=Path({str(tmp_path / "logs")!r}),
+        run_torchrun(["-m", "toy_job", "sleep", {marker!r}], nproc_per_node=2, log_dir=Path({str(tmp_path / "logs")!r}),
                      env={{"PYTHONPATH": {str(script_dir)!r}}}, grace_period_s=3, emit=print)
         """
     )
@@ -77,8 +79,8 @@ def test_sigterm_of_the_supervising_process_stops_every_rank(script_dir, tmp_pat
         line = proc.stdout.readline()
         started += "hello from rank" in line
     assert started == 2, "the ranks did not start"
-    assert len(_pids_with(marker)) >= 3  # the torchrun agent and two ranks
-    proc.send_signal(signal.SIGTERM)
+    assert len(_pids_with(marker)) >= 4  # the guard, the torchrun agent and two ranks
+    proc.send_signal(signum)
     proc.wait(timeout=20)
     deadline = time.monotonic() + 10
     while _pids_with(marker) and time.monotonic() < deadline:

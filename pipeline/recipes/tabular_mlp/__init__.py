@@ -15,11 +15,13 @@ PARAMS: dict[str, str] = {
     "input_path": "data.input_path",
     "label_column": "data.label_column",
     "nproc_per_node": "launch.nproc_per_node",
+    "max_restarts": "launch.max_restarts",
     "epochs": "train.epochs",
     "batch_size": "train.batch_size",
     "learning_rate": "train.learning_rate",
     "hidden_sizes": "train.hidden_sizes",
     "seed": "train.seed",
+    "checkpoint_every_steps": "train.checkpoint_every_steps",
     "require_approval": "evaluate.require_approval",
 }
 

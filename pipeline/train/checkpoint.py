@@ -1,0 +1,173 @@
+"""Atomic, self-verifying training checkpoints in ``step-N/`` folders; resume picks the newest good one.
+
+A checkpoint is written under a temporary name, fsynced, given a completion marker last, and
+renamed into place, so a crash mid-write leaves at most a temporary folder that readers skip.
+Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain Python values
+only, never pickled objects. When the newest checkpoint cannot be read (truncated, damaged), the
+previous complete one is used and the damage is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.pt"
+MARKER = "COMPLETE"  # written last; holds the state file's size and sha256
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+    state: dict[str, Any]
+
+
+class CheckpointStore:
+    """The checkpoints of one training job, in ``root`` (keyed by the job, not by the attempt)."""
+
+    def __init__(self, root: Path, *, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep={keep}: at least one checkpoint must be kept")
+        self.root = Path(root)
+        self.keep = keep
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write ``state`` as checkpoint ``step`` (call on one rank only) and prune to the last ``keep``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"step-{step:09d}"
+        tmp = self.root / f".tmp-step-{step:09d}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            state_path = tmp / STATE_FILE
+            with open(state_path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            marker = {"step": step, "size": state_path.stat().st_size, "sha256": _sha256(state_path)}
+            _write_synced(tmp / MARKER, json.dumps(marker).encode())
+            _fsync_dir(tmp)
+            if final.exists():  # the same step saved again (a resumed attempt reached it once more)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._prune()
+        return final
+
+    def complete(self) -> list[tuple[int, Path]]:
+        """(step, folder) of every checkpoint with its completion marker, newest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            match = _STEP_DIR.match(path.name)
+            if match and (path / MARKER).is_file():
+                found.append((int(match.group(1)), path))
+        return sorted(found, reverse=True)
+
+    def load_latest(self, map_location: str | torch.device = "cpu") -> Checkpoint | None:
+        """The newest checkpoint that reads back intact, or None; damaged ones are skipped with a warning."""
+        for step, path in self.complete():
+            try:
+                state = _load_verified(path, map_location)
+            except Exception as exc:  # a damaged file must not end the job: an older one may be fine
+                log.warning("checkpoint %s is damaged (%s: %s); trying the previous one", path,
+                            type(exc).__name__, exc)
+                print(f"WARNING: checkpoint {path} is damaged ({type(exc).__name__}: {exc}); "
+                      f"falling back to the previous one", flush=True)
+                continue
+            return Checkpoint(step=step, path=path, state=state)
+        return None
+
+    def _prune(self) -> None:
+        for _, path in self.complete()[self.keep:]:
+            shutil.rmtree(path, ignore_errors=True)
+        for path in self.root.glob(".tmp-step-*"):
+            # Temporary folders of writers that died; this process is the only writer of the job now.
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The state of one checkpoint folder, verified against its marker."""
+    return _load_verified(Path(path), map_location)
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's random streams (torch CPU and CUDA, numpy, random) as checkpointable values."""
+    import random
+
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype("uint32"), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _load_verified(path: Path, map_location) -> dict[str, Any]:
+    marker = json.loads((path / MARKER).read_text())
+    state_path = path / STATE_FILE
+    size = state_path.stat().st_size
+    if size != marker["size"]:
+        raise ValueError(f"{state_path} is {size} bytes, the marker says {marker['size']}")
+    if _sha256(state_path) != marker["sha256"]:
+        raise ValueError(f"{state_path} does not match the sha256 in its marker")
+    return torch.load(state_path, map_location=map_location, weights_only=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_synced(path: Path, payload: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

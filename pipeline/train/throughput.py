@@ -1,0 +1,76 @@
+"""Step-level throughput: samples/s, tokens/s, step time, data-wait fraction and, on GPUs, MFU."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+# Dense bf16 peak FLOP/s per device, by a substring of torch.cuda.get_device_name().
+PEAK_BF16_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12,
+    "L4": 121e12, "A10": 125e12, "RTX 4090": 165e12,
+}
+
+
+def peak_flops(device) -> float | None:
+    """Peak bf16 FLOP/s of a CUDA device, or None when unknown (then no MFU is reported)."""
+    import torch
+
+    if getattr(device, "type", None) != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return flops
+    return None
+
+
+@dataclass
+class Throughput:
+    """Accumulates one rank's timings between ``window()`` calls and over the whole run.
+
+    ``flops_per_sample`` (forward + backward, e.g. 6 x parameters x tokens per sample) and
+    ``peak_flops_per_s`` make MFU available; both are optional.
+    """
+
+    world_size: int = 1
+    flops_per_sample: float | None = None
+    peak_flops_per_s: float | None = None
+    _window: dict = field(default_factory=lambda: {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "start": time.perf_counter()})
+    _total: dict = field(default_factory=lambda: {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "start": time.perf_counter()})
+
+    def data_wait(self, seconds: float) -> None:
+        """Time this rank spent blocked on the data loader."""
+        self._window["data_s"] += seconds
+        self._total["data_s"] += seconds
+
+    def step(self, samples: int, tokens: int = 0) -> None:
+        """One optimizer step of ``samples`` samples (``tokens`` tokens) on this rank."""
+        for acc in (self._window, self._total):
+            acc["steps"] += 1
+            acc["samples"] += samples
+            acc["tokens"] += tokens
+
+    def window(self) -> dict[str, float]:
+        """Figures since the previous call (for progress lines and step metrics); starts a new window."""
+        figures = self._figures(self._window)
+        self._window = {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "start": time.perf_counter()}
+        return figures
+
+    def summary(self) -> dict[str, float]:
+        """Figures over the whole run."""
+        return self._figures(self._total)
+
+    def _figures(self, acc: dict) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - acc["start"], 1e-9)
+        figures = {
+            "samples_per_s": acc["samples"] * self.world_size / elapsed,
+            "step_time_s": elapsed / max(acc["steps"], 1),
+            "data_wait_fraction": min(acc["data_s"] / elapsed, 1.0),
+        }
+        if acc["tokens"]:
+            figures["tokens_per_s"] = acc["tokens"] * self.world_size / elapsed
+        if self.flops_per_sample and self.peak_flops_per_s:
+            achieved = acc["samples"] * self.flops_per_sample / elapsed  # per device
+            figures["mfu"] = achieved / self.peak_flops_per_s
+        return figures
