@@ -25,7 +25,15 @@ def _field(default: Any, help: str, **rules: Any) -> Any:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    input_path: str = _field("", "Parquet file or directory of Parquet files with the raw rows.")
+    input_path: str = _field(
+        "", "Input rows: a file, a folder (hive partitions such as dt=2026-11-29/ included) or an fsspec URI "
+        "(file://, s3://, ...) of Parquet, CSV, JSON Lines, IDX image/label files or class-folders of images."
+    )
+    format: str = _field(
+        "auto", "Input format; auto decides from the file names.",
+        choices=["auto", "parquet", "csv", "jsonl", "idx", "image_folder"],
+    )
+    columns: list[str] = _field([], "Columns the input must have, no more and no fewer; empty takes the first file's.")
     label_column: str = _field("label", "Column holding the class label (integers or strings).")
     categorical_columns: list[str] = _field(
         [], "Feature columns to encode with a vocabulary; empty means every string column."
@@ -39,6 +47,29 @@ class DataConfig:
     )
     compression: str = _field("zstd", "MDS shard compression.", choices=["zstd", "gz", "bz2", "none"])
     batch_rows: int = _field(65_536, "Rows per Arrow record batch read from the input.", min=1)
+    column_encodings: list[str] = _field(
+        [], "MDS encodings that replace the inferred ones, as COLUMN:ENCODING (x0:float32, image:png); "
+        "pickle is refused."
+    )
+    label_classes: list[str] = _field(
+        [], "The label's allowed classes; a row with another label is bad. Empty takes the classes found."
+    )
+    on_bad_rows: str = _field(
+        "fail", "fail: the first bad row fails the run, naming file, row, column and value; quarantine: bad "
+        "rows go to quarantine.parquet beside the dataset.", choices=["fail", "quarantine"],
+    )
+    max_bad_fraction: float = _field(
+        0.01, "With quarantine, the run fails when more than this fraction of rows is bad.", min=0.0, max=1.0
+    )
+    workers: int = _field(2, "Worker processes converting input units in parallel.", min=1, max=256)
+    unit_rows: int = _field(
+        262_144, "Rows per work unit (whole Parquet row groups; IDX rows); units are what workers share out.",
+        min=1,
+    )
+    partition_key: str = _field("dt", "Hive partition key (folders KEY=DATE) that a DAG run's data interval selects.")
+    window_intervals: int = _field(
+        3, "Intervals of daily datasets an asset-triggered training run reads, newest last.", min=1, max=366
+    )
 
 
 @dataclass(kw_only=True)
