@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Asset, Param, dag, task
 
 from pipeline import stages
+from pipeline.data import windows
 from pipeline.orchestration import promotion_approval, run_stage, with_mlflow_link
 from pipeline.recipes import tabular_mlp as recipe
+
+DATASET = Asset(name=recipe.NAME, uri=recipe.dataset_uri(recipe.NAME))
+# Published by the tabular_daily_prep DAG; each of its events starts a run on the newest days.
+DAILY = Asset(name=recipe.DAILY_DATASET, uri=recipe.dataset_uri(recipe.DAILY_DATASET))
 
 
 @dag(
     dag_id=recipe.NAME,
-    schedule=None,
+    schedule=[DAILY],  # and by hand (input_path), from the UI or `airflow dags trigger`
     catchup=False,
     max_active_runs=1,
     # Retries are for infrastructure faults; a bad config or bad data fails at once (AirflowFailException).
@@ -23,9 +28,12 @@ from pipeline.recipes import tabular_mlp as recipe
     doc_md=__doc__,
 )
 def tabular_mlp():
-    @task
-    def prepare_data() -> dict:
-        return run_stage(stages.prepare_data, recipe.config_from_params)
+    @task(outlets=[DATASET])
+    def prepare_data(*, triggering_asset_events=None, outlet_events=None) -> dict:
+        window = windows.triggering_window(triggering_asset_events)
+        dataset = run_stage(stages.prepare_data, recipe.config_from_params, window)
+        outlet_events[DATASET].extra = windows.asset_extra(dataset)
+        return dataset
 
     @task
     def train(dataset: dict) -> dict:

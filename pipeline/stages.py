@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline import settings
 from pipeline.config import PipelineConfig
-from pipeline.data import local_path
+from pipeline.data import dataset_uris
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +68,37 @@ def lineage_tags(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> 
     }
 
 
-def prepare_data(cfg: PipelineConfig, run: RunInfo) -> dict[str, Any]:
-    """Publish (or find) the MDS dataset version for the configured input."""
-    from pipeline.data.tabular import prepare
+def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | None = None) -> dict[str, Any]:
+    """Publish (or find) the MDS dataset version of the configured input. A run that daily datasets
+    triggered (``window``: the dataset and its newest interval's end) reads the newest
+    ``data.window_intervals`` of them instead."""
+    from pipeline.data import windows
+
+    if window:
+        dataset = windows.resolve(settings.data_dir(), window["dataset"], window["end"], cfg.data.window_intervals)
+        log.info("training on the window %s of %s: versions %s", dataset["interval"], window["dataset"],
+                 dataset["versions"])
+        return dataset
+    from pipeline.data.prep import prepare
 
     started = time.perf_counter()
     manifest = prepare(cfg.data, name=cfg.registry.model_name, out_root=settings.data_dir())
-    return {
-        "uri": manifest["uri"],
-        "version": manifest["version"],
-        "rows": manifest["splits"],
-        "skipped": manifest["skipped"],
-        "wall_s": round(time.perf_counter() - started, 3),
-    }
+    return windows.summary(manifest, round(time.perf_counter() - started, 3))
+
+
+def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> dict[str, Any]:
+    """Publish (or find) dataset ``name``'s version of the run's data interval (its input partitions)."""
+    from pipeline.data import windows
+    from pipeline.data.prep import prepare
+    from pipeline.errors import ConfigError
+
+    if not (run.data_interval_start and run.data_interval_end):
+        raise ConfigError(f"DAG run {run.run_id} has no data interval: a per-interval dataset needs a scheduled "
+                          f"run (or a backfill) of a DAG with a timetable")
+    started = time.perf_counter()
+    manifest = prepare(cfg.data, name=name, out_root=settings.data_dir(),
+                       interval=(run.data_interval_start, run.data_interval_end))
+    return windows.summary(manifest, round(time.perf_counter() - started, 3))
 
 
 def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[str, Any]:
@@ -129,12 +147,15 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
 
 def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
     """Register the trained model once per DAG run and point ``challenger`` at it."""
-    from pipeline.data.tabular import PREPROCESSING, read_manifest
+    from pipeline.data.prep import PREPROCESSING
+    from pipeline.data.reading import TrainingData
     from pipeline.registry import models, tracking
     from pipeline.registry.buffered import mlflow_sender, replay_spill
 
     started = time.perf_counter()
-    dataset_dir = local_path(dataset["uri"])
+    # The model carries the preprocessing it was trained with: the merged one of every version read.
+    data = TrainingData.open(dataset_uris(dataset), run.workdir / "register" / "cache")
+    preprocessing_path = data.write_preprocessing(run.workdir / "register" / PREPROCESSING)
     with tracking.reachable("register the model"):
         replayed = replay_spill(Path(trained["unsent_metrics_path"]),
                                 mlflow_sender(tracking.client(), trained["mlflow_run_id"]))
@@ -146,8 +167,8 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], t
             run_key=run.key,
             model_path=trained["model_path"],
             spec=json.loads(Path(trained["spec_path"]).read_text()),
-            preprocessing_path=str(dataset_dir / PREPROCESSING),
-            input_example=read_manifest(dataset_dir)["sample_rows"],
+            preprocessing_path=str(preprocessing_path),
+            input_example=data.sample_rows,
             tags=lineage_tags(cfg, run, dataset),
         )
         models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
@@ -168,7 +189,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
     """Score challenger and champion on the same frozen test split, apply the gate, write the report."""
     import mlflow.pyfunc
 
-    from pipeline.data.tabular import load_split, read_preprocessing
+    from pipeline.data.reading import TrainingData
     from pipeline.evaluate.gate import decide
     from pipeline.evaluate.metrics import classification_metrics
     from pipeline.evaluate.report import score_details, text_summary, write_report
@@ -178,9 +199,10 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
 
     started = time.perf_counter()
     name, run_id = cfg.registry.model_name, registered["mlflow_run_id"]
-    dataset_dir = local_path(dataset["uri"])
-    frame, labels = load_split(dataset_dir, "test", run.workdir / "evaluate" / "cache")
-    classes = read_preprocessing(dataset_dir)["label_classes"]
+    # The test split of every version the model was trained on (a window's, or the one version's).
+    data = TrainingData.open(dataset_uris(dataset), run.workdir / "evaluate" / "cache")
+    frame, labels = data.frame("test")
+    classes = data.preprocessing["label_classes"]
     scored: dict[str, dict[str, Any] | None] = {}
     with tracking.reachable("evaluate the registered models"):
         for alias in (models.CHALLENGER, models.CHAMPION):

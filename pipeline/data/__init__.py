@@ -6,3 +6,8 @@ def local_path(uri: str):
     from pathlib import Path
 
     return Path(uri.removeprefix("file://"))
+
+
+def dataset_uris(dataset: dict) -> list[str]:
+    """The version URIs a stage's dataset summary stands for: a window's, or the one version's."""
+    return list(dataset.get("uris") or [dataset["uri"]])

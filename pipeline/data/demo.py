@@ -56,3 +56,11 @@ def write_parquet(path: Path, rows: int, *, seed: int = 0, row_group_rows: int =
     pq.write_table(make_table(rows, seed=seed), tmp, row_group_size=row_group_rows)
     os.replace(tmp, path)
     return path
+
+
+def write_partitions(root: Path, days: list[str], rows_per_day: int, *, seed: int = 0) -> list[Path]:
+    """One Parquet file per day under ``root/dt=DAY/`` (hive partitions), each day its own draw."""
+    return [
+        write_parquet(Path(root) / f"dt={day}" / "part-0.parquet", rows_per_day, seed=seed + i)
+        for i, day in enumerate(days)
+    ]

@@ -8,6 +8,7 @@ window of daily versions reads as one dataset, whatever vocabulary each day had 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,7 @@ class TrainingData:
             raise DataError(f"split {split!r} has no rows in dataset version(s) {self.versions}")
         return StreamingDataset(streams=streams, split=None, shuffle=shuffle, shuffle_seed=seed, batch_size=batch_size)
 
+    @cached_property
     def encoder(self) -> "Encoder":
         return Encoder(self.preprocessing, self.schema["label_column"])
 
@@ -97,7 +99,7 @@ class TrainingData:
         """Samples -> tensors ``num`` float32 [B, F], ``cat`` int64 [B, C], ``label`` int64 [B]."""
         import torch
 
-        num, cat, label = self.encoder().encode(samples)
+        num, cat, label = self.encoder.encode(samples)
         return {"num": torch.from_numpy(num), "cat": torch.from_numpy(cat), "label": torch.from_numpy(label)}
 
     def frame(self, split: str):
@@ -111,7 +113,7 @@ class TrainingData:
         for c in prep["categorical_columns"]:
             # A missing category is stored as "", and scored as one (the model's unknown code).
             frame[c] = pd.Series([s[c] or None for s in samples], dtype=object)
-        _, _, labels = self.encoder().encode(samples)
+        _, _, labels = self.encoder.encode(samples)
         return frame, labels
 
 

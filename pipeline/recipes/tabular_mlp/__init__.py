@@ -8,6 +8,7 @@ from pipeline import settings
 from pipeline.config import PipelineConfig, param_schema
 
 NAME = "tabular_mlp"
+DAILY_DATASET = f"{NAME}_daily"  # one version per day, prepared by the tabular_daily_prep DAG
 
 # Params form field -> config field. Only what a person triggering a run usually changes;
 # everything else stays reachable through the config's defaults or the `overrides` Param.
@@ -26,9 +27,23 @@ PARAMS: dict[str, str] = {
 }
 
 
+# The Params of a DAG that only prepares data.
+PREP_PARAMS = ("input_path", "label_column", "overrides")
+
+
 def demo_input_path() -> str:
     """Where `make demo` writes its generated Parquet file."""
     return str(settings.data_dir() / "raw" / "tabular_demo.parquet")
+
+
+def daily_input_path() -> str:
+    """The default input of the daily preparation: a folder of dt=YYYY-MM-DD/ partitions."""
+    return str(settings.data_dir() / "raw" / "tabular_daily")
+
+
+def dataset_uri(name: str) -> str:
+    """The URI of a dataset's Airflow Asset: the folder its versions are published under."""
+    return (settings.data_dir() / name).as_uri()
 
 
 def config(variant: str = "default") -> PipelineConfig:
@@ -52,16 +67,17 @@ def config(variant: str = "default") -> PipelineConfig:
     raise ValueError(f"unknown variant {variant!r} of recipe {NAME}; expected 'default' or 'tiny'")
 
 
-def airflow_params() -> dict[str, dict[str, Any]]:
-    """JSON-schema keyword sets, one per Param, with defaults taken from the recipe's config."""
+def airflow_params(only: tuple[str, ...] | None = None, **defaults: Any) -> dict[str, dict[str, Any]]:
+    """JSON-schema keyword sets, one per Param (``only`` these), with defaults taken from the recipe's
+    config unless given in ``defaults``."""
     flat = _flatten(config().to_dict())
-    params = {name: param_schema(dotted, flat[dotted]) for name, dotted in PARAMS.items()}
+    params = {name: param_schema(dotted, defaults.get(name, flat[dotted])) for name, dotted in PARAMS.items()}
     params["overrides"] = {
         "default": {},
         "type": "object",
         "description": 'Any other config field as SECTION.FIELD, e.g. {"train.dropout": 0.2, "evaluate.tolerance": 0.0}.',
     }
-    return params
+    return {name: schema for name, schema in params.items() if only is None or name in only}
 
 
 def config_from_params(params: dict[str, Any]) -> PipelineConfig:

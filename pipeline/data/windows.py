@@ -1,0 +1,90 @@
+"""Dataset versions by data interval: the asset-event metadata of a published version, and the window of
+recent intervals that a training run triggered by those events reads. Light: standard library only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import DataError
+
+
+def summary(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """What prepare_data returns (XCom) for one published version."""
+    interval = manifest.get("interval")
+    return {
+        "name": manifest["name"],
+        "uri": manifest["uri"],
+        "version": manifest["version"],
+        "uris": [manifest["uri"]],
+        "versions": [manifest["version"]],
+        "rows": manifest["splits"],
+        "bad_rows": manifest["bad_rows"]["count"],
+        "interval": interval,
+        "skipped": manifest["skipped"],
+        "wall_s": wall_s,
+    }
+
+
+def asset_extra(dataset: dict[str, Any]) -> dict[str, Any]:
+    """Asset-event metadata of a prepared dataset: enough for a consumer to find and judge it."""
+    interval = dataset.get("interval") or {}
+    return {
+        "dataset": dataset["name"], "version": dataset["version"], "uri": dataset["uri"],
+        "rows": dataset["rows"], "bad_rows": dataset.get("bad_rows", 0), "reused": dataset["skipped"],
+        "interval_start": interval.get("start"), "interval_end": interval.get("end"),
+    }
+
+
+def triggering_window(triggering_asset_events: Any) -> dict[str, str] | None:
+    """``{"dataset", "end"}`` of the newest interval among a run's triggering asset events, or None
+    for a run that no asset event triggered (a manual or scheduled one)."""
+    newest = None
+    for events in (triggering_asset_events or {}).values():
+        for event in events:
+            extra = getattr(event, "extra", None) or {}
+            if extra.get("dataset") and extra.get("interval_end"):
+                if newest is None or extra["interval_end"] > newest["end"]:
+                    newest = {"dataset": extra["dataset"], "end": extra["interval_end"]}
+    return newest
+
+
+def published(root: Path) -> list[dict[str, Any]]:
+    """Manifests of the complete versions under ``root`` (temporary folders have none)."""
+    out = []
+    for manifest in sorted(Path(root).glob("*/manifest.json")):
+        if not manifest.parent.name.startswith("."):
+            out.append(json.loads(manifest.read_text()))
+    return out
+
+
+def resolve(out_root: Path, name: str, end: str, intervals: int) -> dict[str, Any]:
+    """The newest ``intervals`` interval versions of dataset ``name`` ending by ``end``, oldest first.
+
+    An interval prepared more than once (its input changed) counts once, with its newest version.
+    """
+    newest: dict[str, dict[str, Any]] = {}
+    for m in published(Path(out_root) / name):
+        interval = m.get("interval")
+        if not interval or interval["end"] > end:
+            continue
+        key = interval["start"]
+        if key not in newest or m["created_at"] > newest[key]["created_at"]:
+            newest[key] = m
+    chosen = [newest[k] for k in sorted(newest)][-intervals:]
+    if not chosen:
+        raise DataError(f"{Path(out_root) / name}: no published interval version ending by {end}")
+    rows = {split: sum(m["splits"][split] for m in chosen) for split in chosen[-1]["splits"]}
+    return {
+        "name": name,
+        "uri": chosen[-1]["uri"],
+        "version": chosen[-1]["version"],
+        "uris": [m["uri"] for m in chosen],
+        "versions": [m["version"] for m in chosen],
+        "rows": rows,
+        "bad_rows": sum(m["bad_rows"]["count"] for m in chosen),
+        "interval": {"start": chosen[0]["interval"]["start"], "end": chosen[-1]["interval"]["end"]},
+        "skipped": True,
+        "wall_s": 0.0,
+    }
