@@ -70,6 +70,7 @@ class Plan:
     compression: str | None = "zstd"
     size_limit: int = 1 << 26
     batch_rows: int = 65_536
+    parent_pid: int = 0  # workers stop when the process that started them is gone (killed)
 
     def schema(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k in (
@@ -227,9 +228,13 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig) -
             continue
         values = first.table.column(name)
         sample = next((v for v in values.to_pylist() if v is not None), None) if pa.types.is_binary(kind) else None
-        if name in cfg.categorical_columns or _is_text(kind):
+        if name in cfg.categorical_columns or (_is_text(kind) and not _mostly_numbers(values, inp.fmt)):
             categorical.append(name)
             encodings[name] = "str"
+            continue
+        if _is_text(kind):  # text numbers (CSV): the odd wrong value is a bad row, not a categorical column
+            numeric.append(name)
+            encodings[name] = "float64"
             continue
         try:
             encoding = mds.infer_encoding(name, kind, sample)
@@ -252,6 +257,9 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig) -
     for column, encoding in mds.parse_overrides(cfg.column_encodings).items():
         if column not in encodings:
             raise ConfigError(f"data.column_encodings: {column!r} is not a column; the columns are {columns}")
+        if column in categorical and encoding in mds.SCALARS and column not in cfg.categorical_columns:
+            categorical.remove(column)  # declared numeric: text values are parsed, wrong ones are bad rows
+            numeric.append(column)
         allowed = _allowed_overrides(column, encodings[column], numeric, images, label_kind == "int" and column == cfg.label_column)
         if encoding not in allowed:
             raise ConfigError(f"data.column_encodings: column {column!r} cannot be stored as {encoding!r}; "
@@ -265,7 +273,7 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig) -
         text_columns=columns if inp.fmt == "csv" else [], on_bad_rows=cfg.on_bad_rows,
         val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction, split_seed=cfg.split_seed,
         compression=None if cfg.compression == "none" else cfg.compression, size_limit=cfg.shard_size_limit_bytes,
-        batch_rows=cfg.batch_rows,
+        batch_rows=cfg.batch_rows, parent_pid=os.getpid(),
     )
 
 
@@ -275,6 +283,16 @@ def _is_text(kind) -> bool:
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _mostly_numbers(values, fmt: str) -> bool:
+    """Whether a text column of a text format reads as numbers (at least 90% of the first rows)."""
+    import pandas as pd
+
+    if fmt not in ("csv", "jsonl"):
+        return False
+    text = pd.Series(values.to_pylist()).dropna()
+    return len(text) > 0 and pd.to_numeric(text, errors="coerce").notna().mean() >= 0.9
 
 
 def _allowed_overrides(column: str, inferred: str, numeric: list[str], images: list[str], int_label: bool) -> list[str]:
@@ -308,7 +326,7 @@ def _convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) 
     # pyarrow and streaming), not from a task process whose threads might hold locks.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__, "streaming"])
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_die_with_parent) as pool:
         futures = [pool.submit(convert_unit, plan, unit, str(tmp)) for unit in units]
         try:
             # In unit order, so the error reported for bad input is the same for any worker count.
@@ -319,10 +337,28 @@ def _convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) 
             raise
 
 
+def _die_with_parent() -> None:
+    """A killed preparation must not leave workers writing into its temporary folder: on Linux the
+    kernel kills a worker when the forkserver that forked it exits (it does when the parent dies)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # elsewhere, convert_unit's check of the parent is what stops them
+
+
+def _parent_gone(plan: Plan) -> bool:
+    return plan.parent_pid != os.getpid() and not _alive(plan.parent_pid)
+
+
 def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
     """One unit -> ``tmp/SPLIT/part-NNNNN/`` MDS parts; returns rows, statistics and bad-row counts."""
     import pyarrow as pa
 
+    if _parent_gone(plan):
+        raise SystemExit(f"the preparing process {plan.parent_pid} is gone; not starting unit {unit.index}")
     part = f"part-{unit.index:05d}"
     writers = {s: mds.PartWriter(Path(tmp) / s / part, plan.encodings, compression=plan.compression,
                                  size_limit=plan.size_limit) for s in splits.SPLITS}
@@ -332,6 +368,8 @@ def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
     read = bad = 0
     sample_rows: list[dict[str, Any]] = []
     for batch in sources.read_unit(unit, plan.fmt, batch_rows=plan.batch_rows, string_columns=plan.text_columns):
+        if _parent_gone(plan):
+            raise SystemExit(f"the preparing process {plan.parent_pid} is gone; stopping")
         n = batch.table.num_rows
         _check_columns(batch.table.schema.names, plan.columns, batch.origins[0])
         table, problems = conform(batch, plan)

@@ -1,0 +1,93 @@
+"""Small input files of every source format, and a reader of published versions, for the data tests."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import DataConfig
+
+
+def cfg(path, **overrides) -> DataConfig:
+    """A config with tiny shards (many of them) and tiny work units (many parts)."""
+    defaults = dict(input_path=str(path), label_column="label", shard_size_limit_bytes=1 << 12, unit_rows=200,
+                    workers=1)
+    return DataConfig(**{**defaults, **overrides})
+
+
+def table(rows: int = 600, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "a": rng.normal(size=rows),
+        "b": rng.integers(0, 100, rows),
+        "color": rng.choice(["red", "green", "blue"], rows),
+        "label": rng.choice(["cat", "dog"], rows),
+    })
+
+
+def write_parquet(path: Path, t: pa.Table, row_group_size: int = 100) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(t, path, row_group_size=row_group_size)
+    return path
+
+
+def write_idx(directory: Path, prefix: str, images: np.ndarray, labels: np.ndarray, *, gz: bool = True) -> Path:
+    """MNIST-style files: PREFIX-images-idx3-ubyte[.gz] and PREFIX-labels-idx1-ubyte[.gz]."""
+    directory.mkdir(parents=True, exist_ok=True)
+    n, rows, cols = images.shape
+    image_bytes = bytes([0, 0, 8, 3]) + b"".join(d.to_bytes(4, "big") for d in (n, rows, cols)) + images.astype(np.uint8).tobytes()
+    label_bytes = bytes([0, 0, 8, 1]) + len(labels).to_bytes(4, "big") + labels.astype(np.uint8).tobytes()
+    suffix = ".gz" if gz else ""
+    for name, data in ((f"{prefix}-images-idx3-ubyte{suffix}", image_bytes), (f"{prefix}-labels-idx1-ubyte{suffix}", label_bytes)):
+        (directory / name).write_bytes(gzip.compress(data) if gz else data)
+    return directory
+
+
+def image_bytes(array: np.ndarray, fmt: str) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format=fmt)
+    return out.getvalue()
+
+
+def write_image_folder(root: Path, per_class: dict[str, int], *, seed: int = 0, fmt: str = "PNG") -> dict[str, np.ndarray]:
+    """CLASS/NNN.png (or .jpg) files of random 8x8 grey images; returns relpath -> pixels."""
+    rng = np.random.default_rng(seed)
+    written = {}
+    for label, count in per_class.items():
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, (8, 8), dtype=np.uint8)
+            name = f"{label}/{i:03d}.{'png' if fmt == 'PNG' else 'jpg'}"
+            (root / name).write_bytes(image_bytes(pixels, fmt))
+            written[name] = pixels
+    return written
+
+
+def dataset_dir(manifest: dict) -> Path:
+    return Path(manifest["uri"].removeprefix("file://"))
+
+
+def read_rows(manifest: dict, cache: Path, split: str | None = None) -> list[dict]:
+    """Every sample of a published version (or one split), read back through StreamingDataset."""
+    from streaming import StreamingDataset
+
+    rows = []
+    for s in [split] if split else ["train", "val", "test"]:
+        if not manifest["splits"][s]:
+            continue
+        ds = StreamingDataset(remote=str(dataset_dir(manifest) / s), local=str(cache / manifest["version"] / s),
+                              shuffle=False)
+        rows += [dict(ds[i], _split=s) for i in range(ds.num_samples)]
+    return rows
+
+
+def published(out: Path) -> list[Path]:
+    """Version folders a reader would see (temporary ones start with a dot)."""
+    return sorted(p for p in out.rglob("manifest.json") if not any(part.startswith(".") for part in p.parent.parts[-1:]))

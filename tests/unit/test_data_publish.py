@@ -1,0 +1,162 @@
+"""Publishing: versions are content digests, written atomically (a kill leaves nothing published), the
+same for any worker count, splits stay put when rows are appended, and interval versions read as one
+window with merged statistics."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline import settings
+from pipeline.data import prep, windows
+from pipeline.data.reading import TrainingData
+from pipeline.errors import DataError
+from tests.datafiles import cfg, dataset_dir, published, read_rows, table, write_parquet
+
+
+def _index_bytes(manifest) -> dict[str, bytes]:
+    return {s: (dataset_dir(manifest) / s / "index.json").read_bytes() for s in ("train", "val", "test")}
+
+
+def test_rerun_is_skipped_and_the_output_is_the_same_for_any_worker_count(tmp_path):
+    write_parquet(tmp_path / "in.parquet", table(3000), row_group_size=100)
+    one = prep.prepare(cfg(tmp_path / "in.parquet", workers=1, unit_rows=400), name="t", out_root=tmp_path / "one")
+    two = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_rows=400), name="t", out_root=tmp_path / "two")
+    assert one["version"] == two["version"] and two["workers"] == 2
+    assert len(list((dataset_dir(two) / "train").glob("part-*"))) == 8  # 3,000 rows / 400-row units
+    assert _index_bytes(one) == _index_bytes(two)
+    assert one["shards"] == two["shards"]
+    assert all(s["sha1"] and s["xxh64"] for shards in two["shards"].values() for s in shards)
+
+    started = time.perf_counter()
+    again = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_rows=400), name="t", out_root=tmp_path / "two")
+    assert again["skipped"] and again["version"] == two["version"]
+    assert _index_bytes(again) == _index_bytes(two)
+    print(f"skipped re-run: {time.perf_counter() - started:.2f} s")
+
+
+def test_the_shard_hashes_in_the_manifest_match_the_files(tmp_path):
+    import hashlib
+
+    import xxhash
+
+    write_parquet(tmp_path / "in.parquet", table(1000))
+    manifest = prep.prepare(cfg(tmp_path / "in.parquet", unit_rows=300), name="t", out_root=tmp_path / "out")
+    for split, shards in manifest["shards"].items():
+        for shard in shards:
+            data = (dataset_dir(manifest) / split / shard["basename"]).read_bytes()
+            assert shard["sha1"] == hashlib.sha1(data).hexdigest()
+            assert shard["xxh64"] == xxhash.xxh64(data).hexdigest()
+        assert sum(s["samples"] for s in shards) == manifest["splits"][split]
+
+
+_KILL_SCRIPT = """
+import sys
+from pipeline.data import prep
+from tests.datafiles import cfg
+if __name__ == "__main__":
+    prep.prepare(cfg(sys.argv[1], workers=2, unit_rows=20_000, batch_rows=2_000), name="t", out_root=sys.argv[2])
+"""
+
+
+def test_a_kill_mid_write_publishes_nothing_and_a_rerun_publishes_a_good_version(tmp_path):
+    write_parquet(tmp_path / "in.parquet", table(300_000), row_group_size=20_000)
+    out = tmp_path / "out"
+    script = tmp_path / "prep_job.py"
+    script.write_text(_KILL_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "in.parquet"), str(out)],
+                            cwd=settings.PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)})
+    deadline = time.monotonic() + 120
+    # Kill once shards are being written into the temporary folder.
+    while not list(out.glob("t/.tmp-*/train/part-*/shard.*")):
+        assert proc.poll() is None, "the preparation ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert published(out) == []
+    assert list(out.glob("t/.tmp-*"))  # the dead writer's folder, which no reader looks at
+
+    time.sleep(0.5)  # the workers die with their forkserver, which notices its parent's death
+    manifest = prep.prepare(cfg(tmp_path / "in.parquet", unit_rows=20_000), name="t", out_root=out)
+    assert sum(manifest["splits"].values()) == 300_000
+    assert published(out) == [dataset_dir(manifest) / "manifest.json"]
+    assert [p.name for p in (out / "t").iterdir()] == [manifest["version"]]  # stale temporaries removed
+
+
+def test_splits_stay_put_when_rows_are_appended(tmp_path):
+    first = table(500).append_column("id", pa.array(np.arange(500)))
+    write_parquet(tmp_path / "in" / "a.parquet", first)
+    before = prep.prepare(cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
+    more = table(800, seed=5).append_column("id", pa.array(np.arange(800)))
+    appended = pa.concat_tables([first, more.slice(500)])  # the same first 500 rows, then 300 more
+    write_parquet(tmp_path / "in" / "a.parquet", appended)
+    write_parquet(tmp_path / "in" / "0-new.parquet", table(200, seed=9).append_column("id", pa.array(np.arange(200) + 10_000)))
+    after = prep.prepare(cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
+    assert after["version"] != before["version"]
+
+    def split_of(manifest, cache):
+        return {int(r["id"]): r["_split"] for r in read_rows(manifest, tmp_path / cache)}
+
+    old, new = split_of(before, "c1"), split_of(after, "c2")
+    assert len(new) == 1000 and {i: new[i] for i in old} == old
+    assert set(old.values()) == {"train", "val", "test"}
+
+
+def _day(day: str, rows: int, seed: int, colors: list[str]) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({"a": rng.normal(seed, 1.0, rows), "color": rng.choice(colors, rows),
+                     "label": rng.choice(["cat", "dog"], rows)})
+
+
+def test_a_backfill_of_three_intervals_reads_as_one_window(tmp_path):
+    days = ["2026-11-27", "2026-11-28", "2026-11-29"]
+    colors = [["red"], ["red", "green"], ["green", "violet"]]  # violet appears on the last day only
+    for i, day in enumerate(days):
+        write_parquet(tmp_path / "in" / f"dt={day}" / "part-0.parquet", _day(day, 400, i, colors[i]))
+    manifests = []
+    for i, day in enumerate(days):
+        end = days[i + 1] if i + 1 < len(days) else "2026-11-30"
+        manifests.append(prep.prepare(cfg(tmp_path / "in"), name="daily", out_root=tmp_path / "out",
+                                      interval=(f"{day}T00:00:00+00:00", f"{end}T00:00:00+00:00")))
+    assert len({m["version"] for m in manifests}) == 3
+    assert [prep.read_preprocessing(dataset_dir(m))["vocab"]["color"] for m in manifests] == [
+        ["<unk>", "red"], ["<unk>", "green", "red"], ["<unk>", "green", "violet"]]
+
+    window = windows.resolve(tmp_path / "out", "daily", "2026-11-30T00:00:00+00:00", 3)
+    assert window["versions"] == [m["version"] for m in manifests]
+    data = TrainingData.open(window["uris"], tmp_path / "cache")
+    prep_all = data.preprocessing
+    assert prep_all["vocab"]["color"] == ["<unk>", "green", "red", "violet"]
+    train_a = np.concatenate([[r["a"] for r in read_rows(m, tmp_path / "c", "train")] for m in manifests])
+    assert prep_all["mean"][0] == pytest.approx(train_a.mean(), abs=1e-9)
+    assert prep_all["std"][0] == pytest.approx(train_a.std(), abs=1e-9)
+
+    # One StreamingDataset over three streams; collate encodes with the window's vocabulary.
+    ds = data.dataset("train", shuffle=False, seed=0)
+    assert ds.num_samples == data.rows("train") == sum(m["splits"]["train"] for m in manifests)
+    batch = data.collate([ds[i] for i in range(ds.num_samples)])
+    assert batch["num"].shape == (ds.num_samples, 1) and str(batch["num"].dtype) == "torch.float32"
+    codes = set(batch["cat"][:, 0].tolist())
+    assert codes == {1, 2, 3}  # green, red, violet: every day's categories, one code each
+    assert sorted(batch["label"].unique().tolist()) == [0, 1]
+
+    # The newest two intervals only.
+    two = windows.resolve(tmp_path / "out", "daily", "2026-11-30T00:00:00+00:00", 2)
+    assert two["versions"] == [m["version"] for m in manifests[1:]]
+    frame, labels = TrainingData.open(two["uris"], tmp_path / "c2").frame("test")
+    assert len(frame) == len(labels) == sum(m["splits"]["test"] for m in manifests[1:])
+
+
+def test_versions_of_different_schemas_do_not_mix(tmp_path):
+    write_parquet(tmp_path / "x.parquet", table(300))
+    write_parquet(tmp_path / "y.parquet", table(300).drop_columns(["b"]))
+    x = prep.prepare(cfg(tmp_path / "x.parquet"), name="x", out_root=tmp_path / "out")
+    y = prep.prepare(cfg(tmp_path / "y.parquet"), name="y", out_root=tmp_path / "out")
+    with pytest.raises(DataError, match="a window reads versions of one schema"):
+        TrainingData.open([x["uri"], y["uri"]], tmp_path / "cache")

@@ -1,0 +1,187 @@
+"""A corpus of bad inputs: each fails with the error that says what and where, or is quarantined and
+counted; nothing is ever published where readers look."""
+
+import gzip
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.data import prep
+from pipeline.errors import ConfigError, DataError, UserError
+from tests.datafiles import cfg, dataset_dir, published, table, write_idx, write_image_folder, write_parquet
+
+
+def _parquet(t: pa.Table):
+    return lambda d: write_parquet(d / "bad.parquet", t)
+
+
+def _with(column: str, values) -> pa.Table:
+    t = table()
+    return t.set_column(t.schema.get_field_index(column), column, pa.array(values))
+
+
+def _two_files(d):
+    write_parquet(d / "in" / "part-0.parquet", table(300))
+    write_parquet(d / "in" / "part-1.parquet", table(300, seed=1).drop_columns(["b"]))
+    return d / "in"
+
+
+def _csv_with_text_in_a_number(d):
+    t = table(300)
+    pcsv.write_csv(t, d / "bad.csv")
+    lines = (d / "bad.csv").read_text().splitlines()
+    fields = lines[201].split(",")
+    fields[0] = '"abc"'
+    lines[201] = ",".join(fields)
+    (d / "bad.csv").write_text("\n".join(lines) + "\n")
+    return d / "bad.csv"
+
+
+def _jsonl_changing_type(d):
+    rows = table(50).to_pylist()
+    rows[30]["a"] = "not a number"
+    (d / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d / "bad.jsonl"
+
+
+def _corrupt_image(d):
+    write_image_folder(d / "img", {"boot": 30, "shirt": 30})
+    (d / "img" / "shirt" / "007.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+    return d / "img"
+
+
+def _idx_label_count(d):
+    rng = np.random.default_rng(0)
+    write_idx(d / "idx", "train", rng.integers(0, 255, (50, 28, 28)), rng.integers(0, 10, 49))
+    return d / "idx"
+
+
+def _idx_truncated(d):
+    rng = np.random.default_rng(0)
+    write_idx(d / "idx", "train", rng.integers(0, 255, (50, 28, 28)), rng.integers(0, 10, 50), gz=False)
+    path = d / "idx" / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-100])
+    return d / "idx"
+
+
+def _idx_wrong_magic(d):
+    rng = np.random.default_rng(0)
+    write_idx(d / "idx", "train", rng.integers(0, 255, (50, 28, 28)), rng.integers(0, 10, 50))
+    (d / "idx" / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x03" + bytes(60)))
+    return d / "idx"
+
+
+def _empty_folder(d):
+    (d / "empty").mkdir()
+    (d / "empty" / "notes.txt").write_text("no data here")
+    return d / "empty"
+
+
+CORPUS = [
+    ("missing-file", lambda d: d / "nope.parquet", {}, DataError, "does not exist"),
+    ("empty-folder", _empty_folder, {}, DataError, "found no input files"),
+    ("no-rows", _parquet(table().slice(0, 0)), {}, DataError, "the input has no rows"),
+    ("missing-label", _parquet(table().drop_columns(["label"])), {}, DataError,
+     "data.label_column 'label' is not a column; the columns are ['a', 'b', 'color']"),
+    ("unexpected-column", _parquet(table().append_column("extra", pa.array(np.zeros(600)))),
+     {"columns": ["a", "b", "color", "label"]}, DataError, "unexpected column(s) ['extra']; expected the columns"),
+    ("missing-column-in-second-file", _two_files, {}, DataError, "part-1.parquet: missing column(s) ['b']"),
+    ("timestamp-feature", _parquet(table().append_column("ts", pa.array(np.arange(600).astype("datetime64[s]")))), {},
+     DataError, "feature column 'ts' has type timestamp[ms]; features must be numeric"),
+    ("nan-feature", _parquet(_with("a", [1.0] * 599 + [float("nan")])), {}, DataError,
+     "bad.parquet: row 599, column 'a': value nan; expected a finite number"),
+    ("inf-feature", _parquet(_with("a", [1.0] * 17 + [float("inf")] + [1.0] * 582)), {}, DataError,
+     "row 17, column 'a': value inf; expected a finite number"),
+    ("null-feature", _parquet(_with("b", [1] * 42 + [None] + [1] * 557)), {}, DataError,
+     "row 42, column 'b': value is null; expected a finite number"),
+    ("text-in-a-number-csv", _csv_with_text_in_a_number, {}, DataError, "bad.csv: row 200, column 'a': value 'abc'; expected a number"),
+    ("jsonl-type-change", _jsonl_changing_type, {}, DataError, "bad.jsonl: not readable as JSON Lines"),
+    ("float-label", _parquet(_with("label", [1.5] * 600)), {}, DataError, "label column 'label' has type double"),
+    ("label-outside-classes", _parquet(_with("label", ["cat", "dog"] * 299 + ["bird", "cat"])),
+     {"label_classes": ["cat", "dog"]}, DataError, "row 598, column 'label': label 'bird'; expected one of ['cat', 'dog']"),
+    ("null-label", _parquet(_with("label", ["cat", "dog"] * 100 + [None] + ["cat"] * 399)), {}, DataError,
+     "row 200, column 'label': label is null"),
+    ("one-class", _parquet(_with("label", ["x"] * 600)), {}, DataError, "expected at least 2 classes"),
+    ("undecodable-image", _corrupt_image, {}, DataError, "shirt/007.png, column 'image': value of 48 bytes is not a decodable image"),
+    ("idx-label-count", _idx_label_count, {}, DataError, "49 labels for 50 images"),
+    ("idx-truncated", _idx_truncated, {}, DataError, "the file is truncated or not IDX"),
+    ("idx-wrong-magic", _idx_wrong_magic, {}, DataError, "IDX magic number 0x00000803; expected 0x00000801"),
+    ("pickle-encoding", _parquet(table()), {"column_encodings": ["a:pkl"]}, ConfigError, "pickle columns are refused"),
+    ("unknown-encoding", _parquet(table()), {"column_encodings": ["a:float128"]}, ConfigError,
+     "encoding 'float128' is not supported"),
+]
+
+
+@pytest.mark.parametrize("make, overrides, error, expected", [c[1:] for c in CORPUS], ids=[c[0] for c in CORPUS])
+def test_bad_input_fails_with_a_clear_error_and_nothing_is_published(tmp_path, make, overrides, error, expected):
+    path = make(tmp_path)
+    with pytest.raises(error) as raised:
+        prep.prepare(cfg(path, **overrides), name="t", out_root=tmp_path / "out")
+    assert isinstance(raised.value, UserError)  # fails the task at once, no retry
+    assert expected in str(raised.value)
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").rglob("*")) in ([], [tmp_path / "out" / "t"])
+
+
+def test_the_same_error_whatever_the_worker_count(tmp_path):
+    bad = _with("a", [1.0] * 599 + [float("nan")])
+    write_parquet(tmp_path / "bad.parquet", bad)
+    messages = set()
+    for workers in (1, 2):
+        with pytest.raises(DataError) as raised:
+            prep.prepare(cfg(tmp_path / "bad.parquet", workers=workers), name="t", out_root=tmp_path / "out")
+        messages.add(str(raised.value))
+    assert len(messages) == 1 and "row 599" in messages.pop()
+
+
+def _eight_bad_rows() -> pa.Table:
+    t = table()
+    a = t.column("a").to_numpy().copy()
+    a[[3, 50, 51, 300, 599]] = np.nan
+    labels = t.column("label").to_pylist()
+    for i in (10, 20, 30):
+        labels[i] = "bird"
+    return t.set_column(0, "a", pa.array(a)).set_column(3, "label", pa.array(labels))
+
+
+def test_quarantine_keeps_bad_rows_beside_the_dataset_and_counts_them(tmp_path):
+    write_parquet(tmp_path / "in.parquet", _eight_bad_rows())
+    manifest = prep.prepare(
+        cfg(tmp_path / "in.parquet", on_bad_rows="quarantine", max_bad_fraction=0.05, label_classes=["cat", "dog"], workers=2),
+        name="t", out_root=tmp_path / "out")
+    assert manifest["bad_rows"] == {"count": 8, "read": 600, "fraction": round(8 / 600, 6), "policy": "quarantine",
+                                    "quarantine": "quarantine.parquet"}
+    assert sum(manifest["splits"].values()) == 592
+    quarantined = pq.read_table(dataset_dir(manifest) / "quarantine.parquet").to_pylist()
+    assert sorted(int(q["_source"].rsplit("row ", 1)[1]) for q in quarantined) == [3, 10, 20, 30, 50, 51, 300, 599]
+    assert {q["_column"] for q in quarantined} == {"a", "label"}
+    bird = next(q for q in quarantined if q["_column"] == "label")
+    assert bird["label"] == "bird" and "expected one of ['cat', 'dog']" in bird["_error"]
+
+
+def test_quarantine_fails_the_run_above_the_bad_fraction(tmp_path):
+    write_parquet(tmp_path / "in.parquet", _eight_bad_rows())
+    with pytest.raises(DataError, match=r"8 of 600 rows \(1.33%\) are bad, more than data.max_bad_fraction=0.01"):
+        prep.prepare(cfg(tmp_path / "in.parquet", on_bad_rows="quarantine", max_bad_fraction=0.01,
+                         label_classes=["cat", "dog"]), name="t", out_root=tmp_path / "out")
+    assert published(tmp_path / "out") == []
+    assert list((tmp_path / "out" / "t").iterdir()) == []
+
+
+def test_quarantine_of_an_undecodable_image(tmp_path):
+    path = _corrupt_image(tmp_path)
+    manifest = prep.prepare(cfg(path, on_bad_rows="quarantine", max_bad_fraction=0.05), name="t", out_root=tmp_path / "out")
+    assert manifest["bad_rows"]["count"] == 1 and sum(manifest["splits"].values()) == 59
+    (row,) = pq.read_table(dataset_dir(manifest) / "quarantine.parquet").to_pylist()
+    assert row["_source"].endswith("shirt/007.png") and row["label"] == "shirt" and len(row["image"]) == 48
+
+
+def test_quarantine_of_text_in_a_csv_number(tmp_path):
+    path = _csv_with_text_in_a_number(tmp_path)
+    manifest = prep.prepare(cfg(path, on_bad_rows="quarantine"), name="t", out_root=tmp_path / "out")
+    assert manifest["bad_rows"]["count"] == 1 and sum(manifest["splits"].values()) == 299
+    (row,) = pq.read_table(dataset_dir(manifest) / "quarantine.parquet").to_pylist()
+    assert row["a"] == "abc" and row["_error"] == "value 'abc'; expected a number"
