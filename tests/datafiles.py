@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import DataConfig
+from pipeline.data.demo import write_idx  # noqa: F401  (the tests' IDX files)
 
 
 def cfg(path, **overrides) -> DataConfig:
@@ -34,18 +34,6 @@ def write_parquet(path: Path, t: pa.Table, row_group_size: int = 100) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(t, path, row_group_size=row_group_size)
     return path
-
-
-def write_idx(directory: Path, prefix: str, images: np.ndarray, labels: np.ndarray, *, gz: bool = True) -> Path:
-    """MNIST-style files: PREFIX-images-idx3-ubyte[.gz] and PREFIX-labels-idx1-ubyte[.gz]."""
-    directory.mkdir(parents=True, exist_ok=True)
-    n, rows, cols = images.shape
-    image_bytes = bytes([0, 0, 8, 3]) + b"".join(d.to_bytes(4, "big") for d in (n, rows, cols)) + images.astype(np.uint8).tobytes()
-    label_bytes = bytes([0, 0, 8, 1]) + len(labels).to_bytes(4, "big") + labels.astype(np.uint8).tobytes()
-    suffix = ".gz" if gz else ""
-    for name, data in ((f"{prefix}-images-idx3-ubyte{suffix}", image_bytes), (f"{prefix}-labels-idx1-ubyte{suffix}", label_bytes)):
-        (directory / name).write_bytes(gzip.compress(data) if gz else data)
-    return directory
 
 
 def image_bytes(array: np.ndarray, fmt: str) -> bytes:

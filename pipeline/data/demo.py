@@ -1,8 +1,10 @@
-"""A synthetic tabular classification set for the demo and the tests: numeric and categorical
-features, three classes, and a label that depends on interactions no linear model can fit."""
+"""Synthetic inputs for the demo, the tests and the benchmarks: a tabular classification set (numeric
+and categorical features, three classes, a label that depends on interactions no linear model can
+fit), written whole or as daily hive partitions, and MNIST-style IDX files."""
 
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 
@@ -64,3 +66,15 @@ def write_partitions(root: Path, days: list[str], rows_per_day: int, *, seed: in
         write_parquet(Path(root) / f"dt={day}" / "part-0.parquet", rows_per_day, seed=seed + i)
         for i, day in enumerate(days)
     ]
+
+
+def write_idx(directory: Path, prefix: str, images: np.ndarray, labels: np.ndarray, *, gz: bool = True) -> Path:
+    """MNIST-style files: PREFIX-images-idx3-ubyte[.gz] and PREFIX-labels-idx1-ubyte[.gz]."""
+    directory.mkdir(parents=True, exist_ok=True)
+    n, rows, cols = images.shape
+    image_bytes = bytes([0, 0, 8, 3]) + b"".join(d.to_bytes(4, "big") for d in (n, rows, cols)) + images.astype(np.uint8).tobytes()
+    label_bytes = bytes([0, 0, 8, 1]) + len(labels).to_bytes(4, "big") + labels.astype(np.uint8).tobytes()
+    suffix = ".gz" if gz else ""
+    for name, data in ((f"{prefix}-images-idx3-ubyte{suffix}", image_bytes), (f"{prefix}-labels-idx1-ubyte{suffix}", label_bytes)):
+        (directory / name).write_bytes(gzip.compress(data) if gz else data)
+    return directory

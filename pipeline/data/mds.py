@@ -1,9 +1,8 @@
 """MDS columns from Arrow: encodings inferred from the schema, whole batches encoded with numpy.
 
 ``MDSWriter.write`` encodes one sample at a time through a Python call per column; here a whole
-record batch becomes the samples' bytes in a few vectorised numpy operations (the same byte layout
-``MDSWriter.encode_sample`` produces), and ``PartWriter`` hands those bytes to streaming's own shard
-writing, compression, hashing and index.
+record batch becomes the samples' bytes in a few vectorised numpy operations (the byte layout
+``MDSWriter.encode_sample`` produces), and ``PartWriter`` cuts them into shards as ``MDSWriter`` does.
 """
 
 from __future__ import annotations
@@ -129,6 +128,15 @@ def encode_batch(columns: dict[str, str], table: pa.Table) -> tuple[np.ndarray, 
                 else np.zeros(0, np.uint8)
             parts.append(("var", (offsets, data)))
 
+    if all(kind == "fixed" for kind, _ in parts):  # every row the same length: fill columns of a 2-D view
+        widths = [value.shape[1] for _, value in parts]
+        rows = np.empty((n, sum(widths)), np.uint8)
+        at = 0
+        for (_, value), width in zip(parts, widths):
+            rows[:, at:at + width] = value
+            at += width
+        return rows.reshape(-1), np.arange(n + 1, dtype=np.int64) * at
+
     var_sizes = [np.diff(p[1][0]) for p in parts if p[0] == "var"]
     head = np.stack(var_sizes, axis=1).astype(np.uint32) if var_sizes else np.zeros((n, 0), np.uint32)
     lengths = [p[1].shape[1] * np.ones(n, np.int64) if p[0] == "fixed" else np.diff(p[1][0]) for p in parts]
@@ -158,53 +166,133 @@ def _scatter_fixed(buf: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> Non
 
 
 class PartWriter:
-    """Streaming's ``MDSWriter`` fed with pre-encoded samples: its shards, compression, hashes, index."""
+    """One MDS sub-dataset (``SPLIT/part-NNNNN/``): shards, their hashes and ``index.json``.
+
+    The files are byte for byte what streaming's ``MDSWriter`` writes for the same samples (a test
+    holds it to that), without importing streaming: its package imports torch, which costs each
+    worker process ~740 MB and ~4 s for nothing a writer needs. Whole batches are cut into shards
+    with numpy instead of one Python call per sample.
+    """
+
+    extra_bytes_per_sample = 4  # the sample's offset in the shard header
 
     def __init__(self, out: Path, columns: dict[str, str], *, compression: str | None, size_limit: int):
-        from streaming import MDSWriter
-
         self.out = Path(out)
-        self.writer = MDSWriter(out=str(out), columns=columns, compression=compression, hashes=HASHES,
-                                size_limit=size_limit)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.compression = compression
+        self.size_limit = size_limit
+        names = sorted(columns)
+        self.config = {
+            "version": 2, "format": "mds", "compression": compression, "hashes": HASHES, "size_limit": size_limit,
+            "column_names": names, "column_encodings": [columns[n] for n in names],
+            "column_sizes": [fixed_size(columns[n]) for n in names],
+        }
+        self.config_data = json.dumps(self.config, sort_keys=True).encode("utf-8")
+        self.extra_bytes_per_shard = 4 + 4 + len(self.config_data)
+        self.shards: list[dict[str, Any]] = []
         self.rows = 0
+        self._chunks: list[np.ndarray] = []
+        self._sizes: list[np.ndarray] = []
+        self._shard_size = self.extra_bytes_per_shard
 
-    def write(self, blob: bytes, bounds: np.ndarray, rows: np.ndarray) -> None:
-        """Append the samples ``rows`` (indices into ``bounds``) of an :func:`encode_batch` buffer."""
-        w = self.writer
-        bounds = bounds.tolist()
-        for i in rows.tolist():
-            sample = blob[bounds[i]:bounds[i + 1]]
-            size = len(sample) + w.extra_bytes_per_sample
-            # The size-limit rule of Writer.write, without its per-column encoding.
-            if w.size_limit and w.size_limit < w.new_shard_size + size:
-                w.flush_shard()
-                w._reset_cache()
-            w.new_samples.append(sample)
-            w.new_shard_size += size
+    def write(self, buf: np.ndarray, bounds: np.ndarray, rows: np.ndarray) -> None:
+        """Append the samples ``rows`` (ascending indices into ``bounds``) of an :func:`encode_batch` buffer."""
+        if not len(rows):
+            return
+        sizes = bounds[rows + 1] - bounds[rows]
+        if len(rows) == len(bounds) - 1:
+            data = buf
+        else:  # gather the rows' bytes into one contiguous buffer
+            starts = np.zeros(len(rows), np.int64)
+            np.cumsum(sizes[:-1], out=starts[1:])
+            data = buf[np.repeat(bounds[rows] - starts, sizes) + np.arange(int(sizes.sum()))]
+        ends = np.cumsum(sizes)
+        done = 0
+        while done < len(rows):
+            # MDSWriter's rule: a sample that would take the shard past size_limit starts a new one.
+            room = self.size_limit - self._shard_size
+            used = np.cumsum(sizes[done:] + self.extra_bytes_per_sample)
+            fits = int(np.searchsorted(used, room, side="right"))
+            if fits == 0:
+                if self._sizes:
+                    self._flush()
+                    continue
+                fits = 1  # a sample larger than the limit gets a shard of its own
+            first = int(ends[done - 1]) if done else 0
+            self._chunks.append(data[first:int(ends[done + fits - 1])])
+            self._sizes.append(sizes[done:done + fits])
+            self._shard_size += int(used[fits - 1])
+            done += fits
         self.rows += len(rows)
 
+    def _flush(self) -> None:
+        sizes = np.concatenate(self._sizes)
+        offsets = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        offsets += 4 + 4 * len(offsets) + len(self.config_data)
+        raw = b"".join([np.uint32(len(sizes)).tobytes(), offsets.astype(np.uint32).tobytes(), self.config_data,
+                        *(c.tobytes() for c in self._chunks)])
+        raw_name = f"shard.{len(self.shards):05}.mds"
+        entry = {"samples": len(sizes), "raw_data": _file_info(raw, raw_name), "zip_data": None, **self.config}
+        if self.compression:
+            data = _compress(self.compression, raw)
+            entry["zip_data"] = _file_info(data, f"{raw_name}.{self.compression}")
+            (self.out / entry["zip_data"]["basename"]).write_bytes(data)
+        else:
+            (self.out / raw_name).write_bytes(raw)
+        self.shards.append(entry)
+        self._chunks, self._sizes, self._shard_size = [], [], self.extra_bytes_per_shard
+
     def finish(self) -> None:
-        self.writer.finish()
+        if self._sizes:
+            self._flush()
+        (self.out / "index.json").write_text(json.dumps({"version": 2, "shards": self.shards}, sort_keys=True))
+
+
+def _file_info(data: bytes, basename: str) -> dict[str, Any]:
+    import hashlib
+
+    import xxhash
+
+    return {"basename": basename, "bytes": len(data),
+            "hashes": {"sha1": hashlib.sha1(data).hexdigest(), "xxh64": xxhash.xxh64(data).hexdigest()}}
+
+
+def _compress(algo: str, data: bytes) -> bytes:
+    # streaming's default levels (zstd 3, gzip 9, bz2 9); gzip without a timestamp, so that the same
+    # samples always give the same bytes and hashes.
+    if algo == "zstd":
+        import zstd
+
+        return zstd.compress(data, 3)
+    if algo == "gz":
+        import gzip
+
+        return gzip.compress(data, 9, mtime=0)
+    if algo == "bz2":
+        import bz2
+
+        return bz2.compress(data, 9)
+    raise ConfigError(f"compression {algo!r}: expected zstd, gz, bz2 or none")
 
 
 def merge_parts(split_dir: Path) -> list[dict[str, Any]]:
     """Merge ``split_dir/part-*/index.json`` into ``split_dir/index.json``; return the shard entries.
 
-    Parts that received no rows are removed first (an index with no shards), so the merged index
-    lists only real shards, in part order.
+    What ``streaming.base.util.merge_index`` does (shard paths prefixed by their part folder, parts
+    in order), here so the parent need not import streaming either. Parts that got no rows are removed.
     """
-    from streaming.base.util import merge_index
-
-    parts = []
+    shards = []
     for part in sorted(split_dir.glob("part-*")):
         index = json.loads((part / "index.json").read_text())
-        if index["shards"]:
-            parts.append(str(part / "index.json"))
-        else:
+        if not index["shards"]:
             shutil.rmtree(part)
-    if parts:
-        merge_index(parts, str(split_dir), keep_local=True)
-    else:
-        split_dir.mkdir(parents=True, exist_ok=True)
-        (split_dir / "index.json").write_text(json.dumps({"version": 2, "shards": []}))
-    return json.loads((split_dir / "index.json").read_text())["shards"]
+            continue
+        for shard in index["shards"]:
+            for key in ("raw_data", "zip_data", "raw_meta", "zip_meta"):
+                if shard.get(key):
+                    shard[key]["basename"] = f"{part.name}/{shard[key]['basename']}"
+            shards.append(shard)
+    split_dir.mkdir(parents=True, exist_ok=True)
+    (split_dir / "index.json").write_text(json.dumps({"version": 2, "shards": shards}, sort_keys=True))
+    return shards

@@ -322,10 +322,10 @@ def _convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) 
         return [convert_unit(plan, unit, str(tmp)) for unit in units]
     import multiprocessing
 
-    # forkserver: workers fork from a clean server that preloaded this module (and with it numpy,
-    # pyarrow and streaming), not from a task process whose threads might hold locks.
+    # forkserver: workers fork from a clean server that preloaded this module (and with it numpy and
+    # pyarrow), not from a task process whose threads might hold locks.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__, "streaming"])
+    ctx.set_forkserver_preload([__name__])
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_die_with_parent) as pool:
         futures = [pool.submit(convert_unit, plan, unit, str(tmp)) for unit in units]
         try:
@@ -392,9 +392,8 @@ def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
         codes = splits.assign(keys, seed=plan.split_seed, val_fraction=plan.val_fraction,
                               test_fraction=plan.test_fraction)
         buf, bounds = mds.encode_batch(plan.encodings, table)
-        blob = buf.tobytes()
         for code, split in enumerate(splits.SPLITS):
-            writers[split].write(blob, bounds, np.flatnonzero(codes == code))
+            writers[split].write(buf, bounds, np.flatnonzero(codes == code))
         _update_stats(stats, table, codes == 0, plan)
         if len(sample_rows) < _SAMPLE_ROWS:
             features = plan.numeric_columns + plan.categorical_columns

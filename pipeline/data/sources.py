@@ -7,6 +7,7 @@ batches of bounded size, so no input is ever held in memory whole.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -287,7 +288,9 @@ def _read_jsonl(f: SourceFile, batch_rows: int) -> Iterator[Batch]:
                         f"one JSON object and a column keeps one type") from exc
 
 
-def _idx_array(uri: str, expected_magic: int) -> np.ndarray:
+@functools.lru_cache(maxsize=4)  # the units of one gzipped file would each decompress it again
+def read_idx(uri: str, expected_magic: int) -> np.ndarray:
+    """The array in an IDX file (images [n, rows, cols] or labels [n]), its header checked."""
     with _open(uri) as fh:
         data = fh.read()
     if len(data) < 8:
@@ -317,8 +320,8 @@ def _read_idx(unit: Unit, batch_rows: int) -> Iterator[Batch]:
     import pyarrow as pa
 
     f = unit.files[0]
-    images = _idx_array(f.uri, 0x803)
-    labels = _idx_array(f.partner, 0x801)
+    images = read_idx(f.uri, 0x803)
+    labels = read_idx(f.partner, 0x801)
     if len(labels) != len(images):
         raise DataError(f"{f.partner}: {len(labels)} labels for {len(images)} images in {f.uri}; expected one label per image")
     shape = images.shape[1:]
@@ -353,9 +356,9 @@ def _read_images(unit: Unit, batch_rows: int) -> Iterator[Batch]:
 def position_keys(relpath: str, first_row: int, rows: int) -> np.ndarray:
     """Split keys of rows keyed by position: the file's identity plus the row's number within it,
     so rows appended to a file, or files added beside it, leave every existing row where it was."""
-    from pipeline.data import splits
+    import hashlib
 
-    base = splits.key_hashes([relpath])[0]
+    base = np.uint64(int.from_bytes(hashlib.blake2b(relpath.encode(), digest_size=8).digest(), "little"))
     with np.errstate(over="ignore"):
         return base + np.arange(first_row, first_row + rows, dtype=np.uint64)
 

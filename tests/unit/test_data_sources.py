@@ -160,3 +160,31 @@ def test_encodings_can_be_overridden_and_pickle_is_refused(tmp_path):
     with pytest.raises(DataError, match="row 0, column 'color': value 'green'; expected a number"):
         prep.prepare(cfg(tmp_path / "in.parquet", column_encodings=["color:float32"]), name="t", out_root=tmp_path / "out")
     assert [p.name for p in (tmp_path / "out" / "t").iterdir()] == [manifest["version"]]
+
+
+@pytest.mark.parametrize("compression", ["zstd", None])
+def test_part_writer_files_are_byte_identical_to_mdswriter(tmp_path, compression):
+    from streaming import MDSWriter
+
+    t = table(700)
+    columns = {"a": "float64", "b": "int64", "color": "str", "label": "str"}
+    buf, bounds = mds.encode_batch(columns, t)
+    ours = mds.PartWriter(tmp_path / "ours", columns, compression=compression, size_limit=1 << 12)
+    ours.write(buf, bounds, np.arange(0, 300))  # several writes, subsets of rows, as the workers do
+    ours.write(buf, bounds, np.arange(300, 700, 2))
+    ours.write(buf, bounds, np.arange(301, 700, 2))
+    ours.finish()
+    order = list(range(300)) + list(range(300, 700, 2)) + list(range(301, 700, 2))
+    rows = t.to_pylist()
+    with MDSWriter(out=str(tmp_path / "theirs"), columns=columns, compression=compression,
+                   hashes=["sha1", "xxh64"], size_limit=1 << 12) as theirs:
+        for i in order:
+            theirs.write(rows[i])
+    files = sorted(p.name for p in (tmp_path / "theirs").iterdir())
+    assert len(files) > 5 and files == sorted(p.name for p in (tmp_path / "ours").iterdir())
+    for name in files:
+        ours_bytes, theirs_bytes = ((tmp_path / d / name).read_bytes() for d in ("ours", "theirs"))
+        if name == "index.json":
+            assert json.loads(ours_bytes) == json.loads(theirs_bytes)
+        else:
+            assert ours_bytes == theirs_bytes, name
