@@ -41,7 +41,6 @@ def torchrun_command(
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "job",
-    max_restarts: int = 0,
     no_python: bool = False,
 ) -> list[str]:
     """The torchrun command line; ``--tee 3`` so every line carries its rank prefix.
@@ -58,14 +57,21 @@ def torchrun_command(
                     f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
     return [
         sys.executable, "-m", "torch.distributed.run", *topology,
-        f"--nproc-per-node={nproc_per_node}", f"--max-restarts={max_restarts}",
+        f"--nproc-per-node={nproc_per_node}",
         "--tee=3", f"--log-dir={log_dir}", *(["--no-python"] if no_python else []),
         *entry,
     ]
 
 
 class TorchrunJob:
-    """One supervised torchrun launch on this node. ``run()`` blocks; ``stop()`` may come from anywhere."""
+    """One supervised torchrun job on this node. ``run()`` blocks; ``stop()`` may come from anywhere.
+
+    ``max_restarts``: when the job fails, every rank is stopped and torchrun is launched again, up to
+    that many times; a training entrypoint that checkpoints resumes where it stopped. The supervisor
+    relaunches torchrun itself (a fresh agent and rendezvous) rather than using torchrun's own
+    ``--max-restarts``: with torch 2.14 and gloo, ranks restarted inside one agent hung in
+    ``init_process_group`` in two of three tries.
+    """
 
     def __init__(
         self,
@@ -85,10 +91,11 @@ class TorchrunJob:
     ):
         self.log_dir = Path(log_dir)
         self.progress_dir = self.log_dir / "progress"
-        self.command = torchrun_command(
-            entry, nproc_per_node=nproc_per_node, log_dir=self.log_dir / "torchrun", nnodes=nnodes,
-            node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts, no_python=no_python,
+        self._command_args = dict(
+            entry=entry, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint, no_python=no_python,
         )
+        self.max_restarts = max_restarts
         self.env = env or {}
         self.timeout_s = timeout_s
         self.grace_period_s = grace_period_s
@@ -103,18 +110,33 @@ class TorchrunJob:
         error names the exit code, the failing rank's traceback and the output's tail.
         """
         emit = emit or log.info
+        for restart in range(self.max_restarts + 1):
+            try:
+                return self._launch(emit, restart)
+            except TrainingStalled:
+                raise  # a hang is the machine's or the network's: the task retry decides
+            except TrainingFailed as exc:
+                if restart == self.max_restarts or self._stopped_by:
+                    raise
+                emit(f"{str(exc).splitlines()[0]}; restarting every rank ({restart + 1} of "
+                     f"{self.max_restarts}); training resumes from its last checkpoint")
+
+    def _launch(self, emit: Callable[[str], None], restart: int) -> None:
         removed = clean_stale_shared_memory()
         if removed:
             emit(f"removed stale shared memory left by a previous attempt: {', '.join(sorted(removed))}")
         shutil.rmtree(self.progress_dir, ignore_errors=True)
         self.progress_dir.mkdir(parents=True)
-        child_env = {**os.environ, **self.env, PROGRESS_DIR_ENV: str(self.progress_dir), "PYTHONUNBUFFERED": "1"}
+        torchrun_logs = self.log_dir / f"torchrun-{restart}"
+        command = torchrun_command(**self._command_args, log_dir=torchrun_logs, rdzv_id=f"job-{restart}")
+        child_env = {**os.environ, **self.env, PROGRESS_DIR_ENV: str(self.progress_dir), "PYTHONUNBUFFERED": "1",
+                     "PIPELINE_RESTART_COUNT": str(restart)}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT), child_env.get("PYTHONPATH")]))
-        emit("launching: " + " ".join(self.command))
+        emit("launching: " + " ".join(command))
         guard = [sys.executable, "-m", "pipeline.launch.guard", f"--grace-period-s={self.grace_period_s}",
                  f"--parent-pid={os.getpid()}", "--"]
         self.proc = subprocess.Popen(
-            guard + self.command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            guard + command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace", bufsize=1,
         )
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -124,7 +146,7 @@ class TorchrunJob:
         try:
             returncode = self._wait(emit)
         finally:
-            self.stop()
+            stop_group(self.proc, self.grace_period_s)  # whatever ended the wait, no rank outlives it
             _restore(previous)
             reader.join(timeout=5)
         if self._stopped_by == "stall":
@@ -132,7 +154,7 @@ class TorchrunJob:
         if self._stopped_by == "timeout":
             raise TrainingFailed(f"training ran past launch.timeout_s={self.timeout_s}s and was stopped")
         if returncode != 0:
-            failure = rank_failure(self.log_dir / "torchrun")
+            failure = rank_failure(torchrun_logs)
             raise TrainingFailed(
                 f"torchrun exited with code {returncode}"
                 + (f"; {failure}" if failure else "")
@@ -140,14 +162,16 @@ class TorchrunJob:
             )
 
     def stop(self) -> None:
-        """SIGTERM the job's whole process group, wait up to the grace period, then SIGKILL it."""
+        """Stop the job for good (``on_kill``, a signal): SIGTERM its whole process group, wait up to the
+        grace period, then SIGKILL it. No restart follows."""
+        self._stopped_by = self._stopped_by or "request"
         if self.proc is not None:
             stop_group(self.proc, self.grace_period_s)
 
     def _wait(self, emit: Callable[[str], None]) -> int:
         assert self.proc is not None
         started = last_change = time.monotonic()
-        last_beats: dict = {}
+        last_beats: dict = {}  # the clock starts with the first heartbeat: imports and set-up are not steps
         while True:
             try:
                 return self.proc.wait(timeout=POLL_S)
@@ -156,18 +180,18 @@ class TorchrunJob:
             now = time.monotonic()
             if now - started > self.timeout_s:
                 self._stopped_by = "timeout"
-                self.stop()
+                stop_group(self.proc, self.grace_period_s)
                 return self.proc.wait()
             beats = read_heartbeats(self.progress_dir)
             progress = {rank: {k: v for k, v in beat.items() if k != "time"} for rank, beat in beats.items()}
             if progress != last_beats:
                 last_beats, last_change = progress, now
-            elif self.stall_timeout_s and now - last_change > self.stall_timeout_s:
+            elif progress and self.stall_timeout_s and now - last_change > self.stall_timeout_s:
                 self._stall_message = _describe_stall(beats, now - last_change, self.stall_timeout_s)
                 emit(self._stall_message)
                 self._dump_stacks(beats, emit)
                 self._stopped_by = "stall"
-                self.stop()
+                stop_group(self.proc, self.grace_period_s)
                 return self.proc.wait()
 
     def _dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
@@ -205,9 +229,6 @@ def run_torchrun(entry: Sequence[str], *, emit: Callable[[str], None] | None = N
 
 
 def _describe_stall(beats: dict, idle_s: float, stall_timeout_s: float) -> str:
-    if not beats:
-        return (f"training stalled: no rank reported progress for {idle_s:.0f}s "
-                f"(launch.stall_timeout_s={stall_timeout_s:g}); it never reached its first step")
     where = "; ".join(
         f"rank {rank}: step {beat['step']}" + (f"/{beat['total']}" if beat.get("total") else "")
         + (f" epoch {beat['epoch']}" if beat.get("epoch") is not None else "") + f" ({beat['phase']}, pid {beat['pid']})"

@@ -102,10 +102,13 @@ def _train(cfg: PipelineConfig, ctx, datasets: list[str], out_dir: Path) -> dict
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay)
     micro_batch = tc.batch_size
     train_set = data.dataset("train", shuffle=True, seed=tc.seed, batch_size=micro_batch)
+    # Loaders draw a base seed at every iter(); from their own generators, so that the global stream
+    # (dropout) is the same after a mid-epoch resume as in an uninterrupted run.
     train_loader = StreamingDataLoader(train_set, batch_size=micro_batch, num_workers=tc.num_workers,
-                                       collate_fn=data.collate)
+                                       collate_fn=data.collate, generator=torch.Generator().manual_seed(tc.seed))
     val_loader = StreamingDataLoader(data.dataset("val", shuffle=False, seed=tc.seed, batch_size=micro_batch),
-                                     batch_size=micro_batch, num_workers=tc.num_workers, collate_fn=data.collate)
+                                     batch_size=micro_batch, num_workers=tc.num_workers, collate_fn=data.collate,
+                                     generator=torch.Generator().manual_seed(tc.seed))
     micro_per_epoch = math.ceil(len(train_set) / micro_batch)  # len() is this rank's share
     steps_per_epoch = math.ceil(micro_per_epoch / tc.grad_accum_steps)
     total_steps = steps_per_epoch * tc.epochs
@@ -254,7 +257,7 @@ def _progress_line(epoch, epochs, step, total_steps, start_step, loss, figures, 
 def _save(ctx, store: CheckpointStore, cfg: PipelineConfig, step: int, epoch: int, model, optimizer, scheduler,
           loader_state: dict[str, Any] | None, heartbeat: Heartbeat, metrics: dict[str, float]) -> None:
     """Every rank contributes its RNG state; rank 0 writes the checkpoint; all wait until it is on disk."""
-    heartbeat.beat(step, epoch=epoch, phase="checkpointing", force=True)
+    heartbeat.beat(step, phase="checkpointing", force=True)
     rng_states = distributed.gather(ctx, capture_rng())
     if ctx.is_main:
         state = {

@@ -1,0 +1,166 @@
+"""Fault injection on real torchrun jobs (2 ranks, gloo): killed workers, damaged checkpoints, hung ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import stages
+from pipeline.errors import TrainingFailed, TrainingStalled
+from pipeline.launch.local import run_torchrun
+from pipeline.recipes import tabular_mlp
+from pipeline.train.progress import read_heartbeats
+
+pytestmark = pytest.mark.distributed
+
+CHECKPOINT_EVERY = 10
+
+
+@pytest.fixture(scope="module")
+def job(demo_parquet, tmp_path_factory):
+    """A tiny config (about 150 steps per epoch on each of 2 ranks) and its published dataset."""
+    cfg = tabular_mlp.config("tiny").with_overrides({
+        "data.input_path": str(demo_parquet), "train.epochs": 2, "train.batch_size": 16,
+        "train.checkpoint_every_steps": CHECKPOINT_EVERY, "train.log_every_steps": 1,
+        "train.lr_schedule": "cosine", "train.warmup_steps": 5,
+    })
+    dataset = stages.prepare_data(cfg, stages.RunInfo("faults", "prep"))
+    config_path = tmp_path_factory.mktemp("faults") / "config.json"
+    config_path.write_text(json.dumps(cfg.to_dict()))
+    return cfg, dataset, config_path
+
+
+def _train(job, out: Path, lines: list[str] | None = None, **options) -> dict:
+    cfg, dataset, config_path = job
+    run_torchrun(
+        ["-m", "pipeline.train", "--config", str(config_path), "--dataset", dataset["uri"], "--out", str(out)],
+        nproc_per_node=2, log_dir=out / "logs", emit=(lines.append if lines is not None else lambda line: None),
+        grace_period_s=3, **options,
+    )
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(job, tmp_path_factory):
+    """An uninterrupted run: the parameters every resumed run must end with."""
+    out = tmp_path_factory.mktemp("reference")
+    return out, _train(job, out)
+
+
+def _when_checkpoint(out: Path, action, min_step: int = CHECKPOINT_EVERY) -> threading.Thread:
+    """Run ``action(heartbeats)`` as soon as a checkpoint of at least ``min_step`` exists under ``out``."""
+
+    def watch():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*")]
+            if steps and max(steps) >= min_step:
+                action(read_heartbeats(out / "logs" / "progress"))
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_worker_killed_mid_epoch_is_restarted_and_resumes_to_identical_parameters(job, reference, tmp_path):
+    _, expected = reference
+    out = tmp_path / "out"
+    killed = {}
+
+    def kill_rank_1(beats):
+        killed["pid"] = beats[1]["pid"]
+        os.kill(beats[1]["pid"], signal.SIGKILL)
+
+    lines: list[str] = []
+    watcher = _when_checkpoint(out, kill_rank_1)
+    result = _train(job, out, lines, max_restarts=1)
+    watcher.join(timeout=5)
+    assert killed, "the worker was never killed"
+    resumed_at = next(i for i, line in enumerate(lines) if "resuming from checkpoint" in line)
+    steps_before = [int(line.split(" step ")[1].split("/")[0]) for line in lines[:resumed_at]
+                    if " step " in line and "loss" in line]
+    last_step_before_kill = max(steps_before)
+    steps_per_epoch = expected["steps"] // 2
+    print(f"rank 1 killed after step {last_step_before_kill}; resumed at step {result['start_step']} "
+          f"of {result['steps']} ({steps_per_epoch} per epoch)")
+    assert 0 < result["start_step"] < result["steps"]
+    assert last_step_before_kill - result["start_step"] <= CHECKPOINT_EVERY  # at most one interval redone
+    assert result["param_digests"] == expected["param_digests"], "resumed run ended with other parameters"
+    assert result["metrics"] == pytest.approx(expected["metrics"])
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(job, reference, tmp_path):
+    ref_out, expected = reference
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(ref_out / "checkpoints", out / "checkpoints")
+    checkpoints = sorted((out / "checkpoints").glob("step-*"))
+    newest, previous = checkpoints[-1], checkpoints[-2]
+    (newest / "state.pt").write_bytes((newest / "state.pt").read_bytes()[:1000])  # a write cut short
+    lines: list[str] = []
+    result = _train(job, out, lines)
+    assert any(f"checkpoint {newest} is damaged" in line for line in lines)
+    assert result["resumed_from"] == str(previous)
+    assert result["start_step"] == int(previous.name.split("-")[1])
+    assert result["param_digests"] == expected["param_digests"]
+
+
+def test_a_hung_rank_is_detected_as_a_stall(job, tmp_path):
+    out = tmp_path / "out"
+    stopped = {}
+
+    def freeze_rank_1(beats):
+        stopped["at"] = time.monotonic()
+        os.kill(beats[1]["pid"], signal.SIGSTOP)  # alive but making no progress, like a deadlocked rank
+
+    watcher = _when_checkpoint(out, freeze_rank_1)
+    stall_timeout_s = 5
+    with pytest.raises(TrainingStalled) as err:
+        _train(job, out, stall_timeout_s=stall_timeout_s)
+    detected_after = time.monotonic() - stopped["at"]
+    watcher.join(timeout=5)
+    print(f"stall detected {detected_after:.1f}s after rank 1 froze: {str(err.value).splitlines()[0]}")
+    assert detected_after <= stall_timeout_s + 10
+    message = str(err.value)
+    assert "training stalled: no step completed" in message and "rank 1: step" in message
+    assert isinstance(err.value, TrainingFailed)  # an infrastructure fault: the task is retried
+
+
+def test_stale_shared_memory_of_dead_processes_is_removed_and_live_memory_kept(tmp_path):
+    import subprocess
+    import sys
+    import tempfile
+
+    from pipeline.launch.shm import clean_stale_shared_memory
+
+    stale = Path("/dev/shm/999990_locals")
+    stale.write_bytes(b"\0" * 64)
+    lock = Path(tempfile.gettempdir()) / "999990_barrier_filelock"
+    lock.write_text("")
+    live = Path("/dev/shm/999991_locals")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import mmap, sys, time\n"
+        f"f = open({str(live)!r}, 'w+b'); f.write(b'\\0' * 4096); f.flush()\n"
+        "m = mmap.mmap(f.fileno(), 4096); print('ready', flush=True); time.sleep(60)\n"
+    )], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        removed = clean_stale_shared_memory()
+        assert "999990_locals" in removed and "999990_barrier_filelock" in removed
+        assert not stale.exists() and not lock.exists()
+        assert live.exists(), "memory a live process maps was removed"
+    finally:
+        holder.kill()
+        holder.wait()
+        live.unlink(missing_ok=True)
+        stale.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
