@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.data import splits, tabular
+from pipeline.data import prep, splits
+from pipeline.data.reading import load_split
 from pipeline.errors import DataError
 
 
@@ -28,7 +29,7 @@ def _table(rows: int = 600, seed: int = 0) -> pa.Table:
 def test_parquet_to_mds_round_trip(tmp_path):
     table = _table()
     pq.write_table(table, tmp_path / "in.parquet", row_group_size=100)
-    manifest = tabular.prepare(_cfg(tmp_path / "in.parquet", batch_rows=128), name="t", out_root=tmp_path / "out")
+    manifest = prep.prepare(_cfg(tmp_path / "in.parquet", batch_rows=128), name="t", out_root=tmp_path / "out")
     dataset_dir = Path(manifest["uri"].removeprefix("file://"))
 
     assert manifest["splits"]["train"] + manifest["splits"]["val"] + manifest["splits"]["test"] == 600
@@ -39,7 +40,7 @@ def test_parquet_to_mds_round_trip(tmp_path):
 
     frames, labels = [], []
     for split in splits.SPLITS:
-        frame, y = tabular.load_split(dataset_dir, split, tmp_path / "cache")
+        frame, y = load_split(dataset_dir, split, tmp_path / "cache")
         assert len(frame) == manifest["splits"][split]
         frames.append(frame)
         labels.append(y)
@@ -57,23 +58,23 @@ def test_parquet_to_mds_round_trip(tmp_path):
 
 def test_statistics_come_from_the_training_split(tmp_path):
     pq.write_table(_table(), tmp_path / "in.parquet")
-    manifest = tabular.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    manifest = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     dataset_dir = Path(manifest["uri"].removeprefix("file://"))
-    prep = tabular.read_preprocessing(dataset_dir)
-    train, _ = tabular.load_split(dataset_dir, "train", tmp_path / "cache")
-    assert prep["mean"][0] == pytest.approx(train["a"].mean(), abs=1e-5)
-    assert prep["vocab"]["color"] == ["<unk>", "blue", "green", "red"]
+    preprocessing = prep.read_preprocessing(dataset_dir)
+    train, _ = load_split(dataset_dir, "train", tmp_path / "cache")
+    assert preprocessing["mean"][0] == pytest.approx(train["a"].mean(), abs=1e-5)
+    assert preprocessing["vocab"]["color"] == ["<unk>", "blue", "green", "red"]
 
 
 def test_same_inputs_give_the_same_version_and_skip_the_work(tmp_path):
     pq.write_table(_table(), tmp_path / "in.parquet")
-    first = tabular.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    first = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     index = (Path(first["uri"].removeprefix("file://")) / "train" / "index.json").read_bytes()
-    second = tabular.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    second = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     assert (first["skipped"], second["skipped"]) == (False, True)
     assert second["version"] == first["version"]
     assert (Path(second["uri"].removeprefix("file://")) / "train" / "index.json").read_bytes() == index
-    changed = tabular.prepare(_cfg(tmp_path / "in.parquet", split_seed=1), name="t", out_root=tmp_path / "out")
+    changed = prep.prepare(_cfg(tmp_path / "in.parquet", split_seed=1), name="t", out_root=tmp_path / "out")
     assert changed["version"] != first["version"]
     assert not [p for p in (tmp_path / "out" / "t").iterdir() if p.name.startswith(".tmp")]
 
@@ -94,9 +95,9 @@ def test_a_key_column_assigns_splits_by_key_not_position(tmp_path):
     pq.write_table(reversed_table, tmp_path / "b.parquet")
 
     def test_ids(name):
-        m = tabular.prepare(_cfg(tmp_path / name, key_column="id"), name=name, out_root=tmp_path / "out")
+        m = prep.prepare(_cfg(tmp_path / name, key_column="id"), name=name, out_root=tmp_path / "out")
         assert "id" not in m["schema"]["numeric_columns"] + m["schema"]["categorical_columns"]
-        frame, _ = tabular.load_split(Path(m["uri"].removeprefix("file://")), "test", tmp_path / f"c-{name}")
+        frame, _ = load_split(Path(m["uri"].removeprefix("file://")), "test", tmp_path / f"c-{name}")
         return sorted(zip(frame["a"].round(6), frame["b"]))
 
     assert test_ids("a.parquet") == test_ids("b.parquet")
@@ -118,7 +119,7 @@ def test_a_key_column_assigns_splits_by_key_not_position(tmp_path):
 def test_bad_input_is_refused_with_a_clear_error_and_nothing_published(tmp_path, make, expected):
     path = make(tmp_path)
     with pytest.raises(DataError) as err:
-        tabular.prepare(_cfg(path), name="t", out_root=tmp_path / "out")
+        prep.prepare(_cfg(path), name="t", out_root=tmp_path / "out")
     assert expected in str(err.value)
     published = list((tmp_path / "out" / "t").iterdir()) if (tmp_path / "out" / "t").exists() else []
     assert published == []
@@ -135,7 +136,7 @@ def test_a_folder_of_parquet_files_is_one_input(tmp_path):
     (tmp_path / "in").mkdir()
     pq.write_table(table.slice(0, 250), tmp_path / "in" / "part-0.parquet")
     pq.write_table(table.slice(250), tmp_path / "in" / "part-1.parquet")
-    manifest = tabular.prepare(_cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
+    manifest = prep.prepare(_cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
     assert sum(manifest["splits"].values()) == 400
     assert [Path(s["path"]).name for s in manifest["sources"]] == ["part-0.parquet", "part-1.parquet"]
     assert json.loads((Path(manifest["uri"].removeprefix("file://")) / "manifest.json").read_text())["version"] == manifest["version"]
