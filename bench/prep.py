@@ -8,8 +8,9 @@ images), then runs, each in a fresh process: the baseline (one process reading t
 record batches and calling ``MDSWriter.write`` per row, with no validation, splits or statistics),
 and the pipeline (``prep.prepare``) with 1 and with 2 workers. Rows/s count input rows over the
 conversion's wall time (input hashing, validation, splits, statistics, index merge included; the
-interpreter's start-up not). Peak RSS is sampled every 20 ms over the process and all its children,
-summed. Prints a table; asserts nothing.
+interpreter's start-up not). Memory is sampled every 20 ms over the process and all its children: the
+summed PSS (shared pages split between their sharers) and the largest single process's RSS. Prints a
+table; asserts nothing.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def run_baseline(kind: str, path: str, out: str) -> dict:
     else:
         from pipeline.data.sources import read_idx
 
-        images = read_idx(str(Path(path) / "train-images-idx3-ubyte.gz"), 0x803)
+        images = read_idx(str(Path(path) / "train-images-idx3-ubyte.gz"), 0x803)  # whole file
         labels = read_idx(str(Path(path) / "train-labels-idx1-ubyte.gz"), 0x801)
         with MDSWriter(out=out, columns={"image": "ndarray:uint8:28,28", "label": "int64"}, compression="zstd",
                        hashes=["sha1", "xxh64"], size_limit=1 << 26) as w:
@@ -100,14 +101,18 @@ def measure(mode: str, kind: str, path: Path, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.Popen([sys.executable, __file__, "--child", mode, kind, str(path), str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
-    peak = [0]
+    peak = {"pss": 0, "rss": 0}
 
     def sample() -> None:
+        # Summed RSS would count the pages that forked workers share several times; PSS splits each
+        # shared page between its sharers, so the sum is the memory the job really holds.
         parent = psutil.Process(proc.pid)
         while proc.poll() is None:
             try:
                 tree = [parent, *parent.children(recursive=True)]
-                peak[0] = max(peak[0], sum(p.memory_info().rss for p in tree if p.is_running()))
+                infos = [p.memory_full_info() for p in tree]
+                peak["pss"] = max(peak["pss"], sum(i.pss for i in infos))
+                peak["rss"] = max(peak["rss"], *(i.rss for i in infos))
             except psutil.Error:
                 pass
             time.sleep(0.02)
@@ -120,7 +125,8 @@ def measure(mode: str, kind: str, path: Path, out: Path) -> dict:
         raise SystemExit(f"{mode} {kind} failed with exit code {proc.returncode}")
     result = json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:])
     shutil.rmtree(out, ignore_errors=True)
-    return {**result, "rows_per_s": result["rows"] / result["wall_s"], "peak_rss_mib": peak[0] / 2**20}
+    return {**result, "rows_per_s": result["rows"] / result["wall_s"], "pss_mib": peak["pss"] / 2**20,
+            "rss_mib": peak["rss"] / 2**20}
 
 
 def main() -> None:
@@ -138,7 +144,7 @@ def main() -> None:
           f"({inputs['tabular'].stat().st_size / 2**20:.0f} MiB Parquet), {args.images:,} images (IDX, gzip)", flush=True)
 
     header = (f"{'workload':<10}{'rows':>11}{'baseline r/s':>14}{'1 worker r/s':>14}{'x base':>8}"
-              f"{'2 workers r/s':>15}{'x base':>8}{'x 1w':>7}   peak RSS MiB (base / 1w / 2w)")
+              f"{'2 workers r/s':>15}{'x base':>8}{'x 1w':>7}   peak MiB, PSS summed (largest process RSS): base / 1w / 2w")
     lines = []
     for kind in ("tabular", "images"):
         base = measure("baseline", kind, inputs[kind], work / "out-base")
@@ -148,7 +154,7 @@ def main() -> None:
             f"{kind:<10}{base['rows']:>11,}{base['rows_per_s']:>14,.0f}{one['rows_per_s']:>14,.0f}"
             f"{one['rows_per_s'] / base['rows_per_s']:>8.2f}{two['rows_per_s']:>15,.0f}"
             f"{two['rows_per_s'] / base['rows_per_s']:>8.2f}{two['rows_per_s'] / one['rows_per_s']:>7.2f}"
-            f"   {base['peak_rss_mib']:,.0f} / {one['peak_rss_mib']:,.0f} / {two['peak_rss_mib']:,.0f}"
+            "   " + " / ".join(f"{r['pss_mib']:,.0f} ({r['rss_mib']:,.0f})" for r in (base, one, two))
         )
         print(f"{kind}: baseline {base['wall_s']:.1f} s, 1 worker {one['wall_s']:.1f} s, 2 workers {two['wall_s']:.1f} s",
               flush=True)

@@ -44,6 +44,7 @@ QUARANTINE = "quarantine.parquet"
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 24 * 3600  # a temporary folder this old is a dead writer's, whatever host it was on
 _SAMPLE_ROWS = 5
+_WORKER_MODULES = (__name__, "fsspec", "pyarrow.compute", "pyarrow.parquet", "pyarrow.csv", "pyarrow.json", "PIL.Image")
 _BAD_EXAMPLES = 5
 
 
@@ -101,7 +102,10 @@ def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, 
     tmp = final.parent / f"{TMP_PREFIX}{version}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
+        if inp.fmt == "idx":
+            units = sources.stage_idx(units, tmp / "_staged")
         results = _convert(plan, units, tmp, workers=min(cfg.workers, len(units)))
+        shutil.rmtree(tmp / "_staged", ignore_errors=True)
         manifest = _assemble(cfg, plan, name, version, final, tmp, described, results, interval, started)
         try:
             os.rename(tmp, final)
@@ -322,10 +326,10 @@ def _convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) 
         return [convert_unit(plan, unit, str(tmp)) for unit in units]
     import multiprocessing
 
-    # forkserver: workers fork from a clean server that preloaded this module (and with it numpy and
-    # pyarrow), not from a task process whose threads might hold locks.
+    # forkserver: workers fork from a clean server that preloaded what they import (once, not once
+    # per worker), not from a task process whose threads might hold locks.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
+    ctx.set_forkserver_preload(list(_WORKER_MODULES))
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_die_with_parent) as pool:
         futures = [pool.submit(convert_unit, plan, unit, str(tmp)) for unit in units]
         try:

@@ -7,11 +7,10 @@ batches of bounded size, so no input is ever held in memory whole.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 import numpy as np
@@ -32,6 +31,7 @@ class SourceFile:
     relpath: str  # path below the input root: the file's identity in keys, errors and the manifest
     size: int
     partner: str = ""  # IDX: the labels file beside an images file
+    staged: tuple[str, ...] = ()  # IDX: local plain copies of (images, labels) that workers read
 
 
 @dataclass(frozen=True)
@@ -288,50 +288,86 @@ def _read_jsonl(f: SourceFile, batch_rows: int) -> Iterator[Batch]:
                         f"one JSON object and a column keeps one type") from exc
 
 
-@functools.lru_cache(maxsize=4)  # the units of one gzipped file would each decompress it again
-def read_idx(uri: str, expected_magic: int) -> np.ndarray:
-    """The array in an IDX file (images [n, rows, cols] or labels [n]), its header checked."""
+def read_idx(uri: str, expected_magic: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Rows ``[start, stop)`` of an IDX file (images [n, rows, cols] or labels [n]), the header checked.
+
+    A plain file is read at the rows' offset; a gzipped one is decompressed up to them, which is why
+    ``stage_idx`` decompresses gzipped files once before workers share them out.
+    """
     with _open(uri) as fh:
-        data = fh.read()
-    if len(data) < 8:
-        raise DataError(f"{uri}: {len(data)} bytes; not an IDX file")
-    magic = int.from_bytes(data[:4], "big")
+        dims = _idx_header(fh, uri, expected_magic)
+        item = int(np.prod(dims[1:]))
+        stop = dims[0] if stop is None else min(stop, dims[0])
+        fh.seek(4 + 4 * len(dims) + start * item)
+        want = (stop - start) * item
+        data = fh.read(want)
+    if len(data) != want:
+        raise DataError(f"{uri}: header says {dims}, the data ends inside row {start + len(data) // max(item, 1)}; "
+                        f"the file is truncated or not IDX")
+    return np.frombuffer(data, dtype=np.uint8).reshape((stop - start, *dims[1:]))
+
+
+def _idx_header(fh, uri: str, expected_magic: int) -> list[int]:
+    head = fh.read(4)
+    magic = int.from_bytes(head, "big") if len(head) == 4 else None
     if magic != expected_magic:
-        raise DataError(f"{uri}: IDX magic number {magic:#010x}; expected {expected_magic:#010x} "
+        shown = f"{magic:#010x}" if magic is not None else "missing"
+        raise DataError(f"{uri}: IDX magic number {shown}; expected {expected_magic:#010x} "
                         f"({'images' if expected_magic == 0x803 else 'labels'}, unsigned bytes)")
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if body.size != int(np.prod(dims)):
-        raise DataError(f"{uri}: header says {dims} ({int(np.prod(dims))} bytes of data), the file holds "
-                        f"{body.size}; the file is truncated or not IDX")
-    return body.reshape(dims)
+    ndim = head[3]
+    raw = fh.read(4 * ndim)
+    if len(raw) != 4 * ndim:
+        raise DataError(f"{uri}: the IDX header is cut short; the file is truncated or not IDX")
+    return [int.from_bytes(raw[4 * i: 4 * i + 4], "big") for i in range(ndim)]
 
 
 def _idx_count(f: SourceFile) -> int:
     with _open(f.uri) as fh:
-        head = fh.read(8)
-    if len(head) < 8 or int.from_bytes(head[:4], "big") != 0x803:
-        raise DataError(f"{f.uri}: not an IDX images file (magic {head[:4].hex() or 'missing'}; expected 00000803)")
-    return int.from_bytes(head[4:8], "big")
+        count = _idx_header(fh, f.uri, 0x803)[0]
+    with _open(f.partner) as fh:
+        labels = _idx_header(fh, f.partner, 0x801)[0]
+    if labels != count:
+        raise DataError(f"{f.partner}: {labels} labels for {count} images in {f.uri}; expected one label per image")
+    return count
+
+
+def stage_idx(units: list[Unit], folder: Path) -> list[Unit]:
+    """Gzipped or remote IDX files decompressed once into local plain files, so that each worker reads
+    only its own rows instead of decompressing (or downloading) whole files again."""
+    import shutil
+
+    copies: dict[str, str] = {}
+
+    def local(uri: str) -> str:
+        if uri not in copies:
+            if not uri.endswith(".gz") and "://" not in uri:
+                copies[uri] = uri
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                target = folder / f"{len(copies):04d}.idx"
+                with _open(uri) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                copies[uri] = str(target)
+        return copies[uri]
+
+    return [Unit(u.index, tuple(SourceFile(f.uri, f.relpath, f.size, f.partner, (local(f.uri), local(f.partner)))
+                                for f in u.files), u.start, u.stop) for u in units]
 
 
 def _read_idx(unit: Unit, batch_rows: int) -> Iterator[Batch]:
     import pyarrow as pa
 
     f = unit.files[0]
-    images = read_idx(f.uri, 0x803)
-    labels = read_idx(f.partner, 0x801)
-    if len(labels) != len(images):
-        raise DataError(f"{f.partner}: {len(labels)} labels for {len(images)} images in {f.uri}; expected one label per image")
-    shape = images.shape[1:]
-    tensor_type = pa.fixed_shape_tensor(pa.uint8(), shape)
+    images_at, labels_at = f.staged or (f.uri, f.partner)
     for start in range(unit.start, unit.stop, batch_rows):
         stop = min(start + batch_rows, unit.stop)
-        flat = pa.FixedSizeListArray.from_arrays(pa.array(images[start:stop].reshape(-1)), int(np.prod(shape)))
+        images = read_idx(images_at, 0x803, start, stop)
+        labels = read_idx(labels_at, 0x801, start, stop)
+        shape = images.shape[1:]
+        flat = pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1)), int(np.prod(shape)))
         table = pa.record_batch({
-            "image": pa.ExtensionArray.from_storage(tensor_type, flat),
-            "label": pa.array(labels[start:stop].astype(np.int64)),
+            "image": pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.uint8(), shape), flat),
+            "label": pa.array(labels.astype(np.int64)),
         })
         yield Batch(table, [f.uri], start, position_keys(f.relpath, start, stop - start))
 
