@@ -247,6 +247,8 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig) -
                 f"{origin}: feature column {name!r} has type {kind}; features must be numeric (integer, float, "
                 f"bool), string (categorical), images or fixed-shape arrays. Drop or convert the column."
             ) from None
+        if inp.fmt == "image_folder" and encoding == "bytes":
+            encoding = "png"  # the first image is not PNG or JPEG: store PNG; undecodable ones are bad rows
         if encoding in mds.SCALARS:
             numeric.append(name)
         elif encoding in ("png", "jpeg") or (inp.fmt in ("idx", "image_folder") and name == "image"):
@@ -488,8 +490,10 @@ def _numbers(column, encoding: str, name: str, flag, expected: str):
         values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
     else:
         text = _text(column).to_numpy(zero_copy_only=False)
-        values = pd.to_numeric(pd.Series(text), errors="coerce").to_numpy(np.float64)
-        wrong = np.isnan(values) & ~null & (np.char.lower(text.astype(str)) != "nan")
+        values = pd.to_numeric(pd.Series(text), errors="coerce").to_numpy(np.float64, copy=True)
+        lowered = np.char.lower(text.astype(str))
+        values[lowered == "true"], values[lowered == "false"] = 1.0, 0.0  # CSV booleans
+        wrong = np.isnan(values) & ~null & (lowered != "nan")
         flag(wrong, name, lambda i: f"value {text[i]!r}; expected {'an integer' if integral else 'a number'}")
     finite = np.isfinite(values)
     flag(~finite & ~null, name, lambda i: f"value {float(values[i])!r}; expected {expected}")

@@ -188,3 +188,13 @@ def test_part_writer_files_are_byte_identical_to_mdswriter(tmp_path, compression
             assert json.loads(ours_bytes) == json.loads(theirs_bytes)
         else:
             assert ours_bytes == theirs_bytes, name
+
+
+def test_csv_booleans_and_text_categories_that_look_numeric(tmp_path):
+    (tmp_path / "in.csv").write_text("flag,zip,label\n" + "".join(
+        f"{'true' if i % 3 else 'false'},{10000 + i % 7},{i % 2}\n" for i in range(300)))
+    manifest = prep.prepare(cfg(tmp_path / "in.csv", categorical_columns=["zip"]), name="t", out_root=tmp_path / "out")
+    assert manifest["schema"]["encodings"] == {"flag": "uint8", "zip": "str", "label": "int64"}
+    rows = read_rows(manifest, tmp_path / "c")
+    assert sum(int(r["flag"]) for r in rows) == sum(1 for i in range(300) if i % 3)
+    assert {r["zip"] for r in rows} == {str(10000 + i) for i in range(7)}
