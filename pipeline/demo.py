@@ -19,13 +19,22 @@ from pipeline import settings
 DAG_ID = "tabular_mlp"
 
 
-def run_dag(dag_id: str, conf: dict[str, Any]):
-    """Run one DAG run in-process with ``dag.test`` (Airflow parses, serializes and runs it)."""
+def run_dag(dag_id: str, conf: dict[str, Any], dag_file: Path | None = None):
+    """Run one DAG run in-process with ``dag.test`` (Airflow parses, serializes and runs it).
+
+    The DAG is read from ``dag_file``, by default ``dags/<dag_id>.py``.
+    """
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / f"{dag_id}.py"))
+    bag = DagBag(dag_folder=str(dag_file or settings.PROJECT_ROOT / "dags" / f"{dag_id}.py"))
     if bag.import_errors:
         raise SystemExit(f"DAG import errors: {bag.import_errors}")
+    if dag_file is not None:
+        from airflow.dag_processing.bundles.manager import DagBundlesManager
+        from airflow.dag_processing.dagbag import sync_bag_to_db
+
+        DagBundlesManager().sync_bundles_to_db()
+        sync_bag_to_db(bag, "dags-folder", None)  # dag.test serializes only the dags folder's DAGs
     return bag.get_dag(dag_id).test(run_conf=conf)
 
 

@@ -23,6 +23,11 @@ def runs_dir() -> Path:
     return Path(os.environ.get("PIPELINE_RUNS_DIR", home() / "runs")).resolve()
 
 
+def retry_delay_s() -> float:
+    """Wait before an Airflow retry of a failed task (``PIPELINE_RETRY_DELAY_S``, default 30)."""
+    return float(os.environ.get("PIPELINE_RETRY_DELAY_S", 30))
+
+
 def mlflow_tracking_uri() -> str:
     """MLflow tracking URI (``MLFLOW_TRACKING_URI``, default a SQLite file under ``$PIPELINE_HOME``)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")

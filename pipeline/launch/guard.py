@@ -1,10 +1,13 @@
 """Leader of a training job's process group: whatever happens to the task, no rank outlives it.
 
 ``python -m pipeline.launch.guard --grace-period-s G -- torchrun ...`` runs in a session of its own
-and starts the command in it. When the task process that launched it dies, even by SIGKILL, the
-kernel sends the guard SIGTERM (``PR_SET_PDEATHSIG``); on SIGTERM or SIGINT the guard sends SIGTERM
-to the whole group (the torchrun agent, every rank, their data loader workers), waits the grace
-period, then SIGKILLs the group, itself last. It exits with the command's exit code.
+and starts the command. torchrun starts every rank in a session of its own, so a signal to one
+process group cannot reach them all: the guard makes itself a child subreaper
+(``PR_SET_CHILD_SUBREAPER``), so that every descendant, even one whose parent died, stays in its
+tree, and stops the job by signalling each descendant. When the task process that launched it dies,
+even by SIGKILL, the kernel sends the guard SIGTERM (``PR_SET_PDEATHSIG``); on SIGTERM or SIGINT
+the guard sends SIGTERM to every descendant (the torchrun agent, every rank, their data loader
+workers), waits the grace period, then SIGKILLs what is left. It exits with the command's exit code.
 """
 
 from __future__ import annotations
@@ -18,49 +21,60 @@ import sys
 import time
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _prctl(option: int, value: int) -> bool:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):  # not Linux: the launcher's own stop path still applies
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+        return False
 
 
-def stop_own_group(grace_period_s: float) -> None:
-    """SIGTERM every other process of this group, wait for them up to the grace period, then SIGKILL."""
-    pgid = os.getpgid(0)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group signal reaches the guard too
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_period_s
-    while time.monotonic() < deadline and _others_alive(pgid):
-        _reap()
-        time.sleep(0.1)
-    if _others_alive(pgid):
-        print(f"guard: processes of group {pgid} still alive {grace_period_s:.0f}s after SIGTERM: SIGKILL",
-              file=sys.stderr, flush=True)
-        os.killpg(pgid, signal.SIGKILL)  # ends the guard as well
-
-
-def _others_alive(pgid: int) -> bool:
-    me = os.getpid()
+def descendants(root: int) -> list[int]:
+    """Live (non-zombie) descendants of ``root``, parents before children."""
+    children: dict[int, list[int]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == me:
-            continue
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        state, group = fields[0], int(fields[2])
-        if group == pgid and state != "Z":
-            return True
-    return False
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(pid))
+    found, queue = [], list(children.get(root, []))
+    while queue:
+        pid = queue.pop(0)
+        found.append(pid)
+        queue.extend(children.get(pid, []))
+    return found
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def stop_descendants(grace_period_s: float) -> None:
+    """SIGTERM every descendant, wait for them up to the grace period, then SIGKILL the rest."""
+    me = os.getpid()
+    _signal_all(descendants(me), signal.SIGTERM)
+    deadline = time.monotonic() + grace_period_s
+    while time.monotonic() < deadline and descendants(me):
+        _reap()
+        time.sleep(0.1)
+    left = descendants(me)
+    if left:
+        print(f"guard: {len(left)} process(es) still alive {grace_period_s:.0f}s after SIGTERM: SIGKILL",
+              file=sys.stderr, flush=True)
+        _signal_all(left, signal.SIGKILL)
+        while descendants(me):
+            _reap()
+            time.sleep(0.05)
+    _reap()
 
 
 def _reap() -> None:
@@ -82,17 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no command to run")
 
     def stop(signum, frame):
-        stop_own_group(args.grace_period_s)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop_descendants(args.grace_period_s)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    _die_with_parent(args.parent_pid)
-    child = subprocess.Popen(command)  # same process group as the guard
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    if _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) and os.getppid() != args.parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)  # the parent died before prctl took effect
+    child = subprocess.Popen(command)
     returncode = child.wait()
-    if _others_alive(os.getpgid(0)):
-        # A rank or loader worker that outlived torchrun (it was killed, or exited early): no leftovers.
-        stop_own_group(args.grace_period_s)
+    if descendants(os.getpid()):
+        # A rank or loader worker that outlived torchrun (its agent was killed): no leftovers.
+        stop_descendants(args.grace_period_s)
     return returncode
 
 

@@ -151,6 +151,8 @@ class TorchrunJob:
             reader.join(timeout=5)
         if self._stopped_by == "stall":
             raise TrainingStalled(self._stall_message + "\nlast output lines:\n" + "\n".join(tail))
+        if self._stopped_by == "request":
+            raise TrainingFailed("the training job was stopped (the task was killed, cleared or timed out)")
         if self._stopped_by == "timeout":
             raise TrainingFailed(f"training ran past launch.timeout_s={self.timeout_s}s and was stopped")
         if returncode != 0:
@@ -256,28 +258,28 @@ def rank_failure(torchrun_log_dir: Path) -> str | None:
 
 
 def stop_group(proc: subprocess.Popen, grace_period_s: float) -> None:
-    """SIGTERM the child's whole process group, wait up to the grace period, then SIGKILL it."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
+    """Stop the guard and so the whole job: SIGTERM, then wait while the guard stops every descendant
+    (SIGTERM, the grace period, SIGKILL); SIGKILL whatever is left if the guard cannot finish."""
+    from pipeline.launch.guard import descendants
+
+    if proc.poll() is not None and not _group_alive(proc.pid):
         return
-    if not _group_alive(pgid):
-        return
+    tree = descendants(proc.pid)  # remembered: they lose this parent if the guard dies first
     try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_period_s + 2  # the guard escalates at grace_period_s itself
-    while time.monotonic() < deadline:
-        proc.poll()
-        if not _group_alive(pgid):
-            return
-        time.sleep(0.1)
-    log.warning("process group %d still alive %.0fs after SIGTERM: sending SIGKILL", pgid, grace_period_s)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
+    deadline = time.monotonic() + grace_period_s + 5
+    while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
+        time.sleep(0.1)
+    survivors = [pid for pid in [proc.pid, *tree, *descendants(proc.pid)] if _alive(pid)]
+    if survivors:
+        log.warning("%d process(es) of the job still alive after the grace period: sending SIGKILL", len(survivors))
+        for pid in survivors:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     proc.poll()
 
 
@@ -289,6 +291,14 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def _pump(proc: subprocess.Popen, emit: Callable[[str], None], tail: collections.deque) -> None:

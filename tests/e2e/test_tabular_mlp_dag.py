@@ -199,3 +199,51 @@ def test_require_approval_waits_for_a_person_through_the_api(airflow_db, demo_pa
     summary = _summary(dag_run)
     assert summary["promoted"] and "approved by" in summary["reason"], summary["reason"]
     assert str(models.version_by_alias("approval_check", "champion").version) == summary["model"]["version"]
+
+
+def test_a_train_attempt_that_dies_mid_training_is_retried_from_its_checkpoint(airflow_db, demo_parquet, monkeypatch):
+    """Every process of the first attempt's job is SIGKILLed (a lost node); Airflow's retry resumes."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from pipeline import settings
+    from pipeline.train.progress import read_heartbeats
+
+    monkeypatch.setenv("PIPELINE_RETRY_DELAY_S", "1")
+    runs = settings.runs_dir() / "tabular_mlp"
+    before = set(runs.glob("*")) if runs.exists() else set()
+    killed = {}
+
+    def kill_first_attempt():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            for workdir in set(runs.glob("*")) - before:
+                if list((workdir / "train" / "checkpoints").glob("step-*")):
+                    beats = read_heartbeats(workdir / "train" / "logs-try1" / "progress")
+                    if len(beats) == 2:
+                        ranks = [beat["pid"] for beat in beats.values()]
+                        agent = _parent(ranks[0])
+                        killed["pids"] = [_parent(agent), agent, *ranks]  # guard, torchrun agent, ranks
+                        for pid in killed["pids"]:
+                            os.kill(pid, signal.SIGKILL)
+                        return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=kill_first_attempt, daemon=True)
+    watcher.start()
+    conf = {"input_path": str(demo_parquet), **TINY, "seed": 7, "checkpoint_every_steps": 10}
+    dag_run = run_dag("tabular_mlp", conf)
+    watcher.join(timeout=5)
+    assert killed, "the first attempt was never killed"
+    assert _state(dag_run) == "success"
+    result = json.loads((RunInfo("tabular_mlp", dag_run.run_id).workdir / "train" / "result.json").read_text())
+    print(f"retry resumed at step {result['start_step']} of {result['steps']} from {result['resumed_from']}")
+    assert result["start_step"] > 0 and result["resumed_from"]
+    assert result["steps"] > result["start_step"]
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])

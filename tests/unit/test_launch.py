@@ -100,3 +100,75 @@ def _pids_with(marker: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def test_on_kill_of_the_operator_stops_every_rank(script_dir, tmp_path):
+    """What Airflow does when a running task is cleared or marked failed: on_kill, then the task ends."""
+    import threading
+    from types import SimpleNamespace
+
+    from pipeline.launch import TorchrunOperator
+
+    marker = f"toy-on-kill-{os.getpid()}"
+    op = TorchrunOperator(task_id="train", entry=[str(script_dir / "toy_job.py"), "sleep", marker],
+                          nproc_per_node=2, grace_period_s=3)
+    ti = SimpleNamespace(dag_id="dag", run_id="run", task_id="train", map_index=-1, try_number=1)
+    outcome = {}
+
+    def execute():
+        try:
+            op.execute({"ti": ti})
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=execute)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(_pids_with(marker)) < 4 and time.monotonic() < deadline:  # guard, agent, two ranks
+        time.sleep(0.2)
+    assert len(_pids_with(marker)) >= 4, "the job did not start"
+    op.on_kill()
+    thread.join(timeout=30)
+    assert isinstance(outcome.get("error"), TrainingFailed)
+    deadline = time.monotonic() + 10
+    while _pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _pids_with(marker) == []
+
+
+def test_ranks_orphaned_by_a_killed_torchrun_agent_are_stopped_by_the_guard(script_dir, tmp_path):
+    """torchrun puts every rank in a session of its own: killing the agent alone would orphan them."""
+    import threading
+
+    marker = f"toy-agent-kill-{os.getpid()}"
+    errors = []
+
+    def run():
+        try:
+            run_torchrun(["-m", "toy_job", "sleep", marker], nproc_per_node=2, log_dir=tmp_path / "logs",
+                         env={"PYTHONPATH": str(script_dir)}, emit=lambda line: None, grace_period_s=3)
+        except TrainingFailed as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(_pids_with(marker)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    agents = [pid for pid in _pids_with(marker) if _cmdline(pid).count(b"torch.distributed.run") and b"guard" not in _cmdline(pid)]
+    assert len(agents) == 1
+    os.kill(agents[0], signal.SIGKILL)
+    thread.join(timeout=30)
+    assert errors, "the launch did not fail"
+    deadline = time.monotonic() + 10
+    while _pids_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _pids_with(marker) == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
