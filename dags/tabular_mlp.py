@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from airflow.sdk import Asset, Param, dag, task
 
-from pipeline import stages
+from pipeline import settings, stages
 from pipeline.data import windows
 from pipeline.orchestration import promotion_approval, run_stage, with_mlflow_link
 from pipeline.recipes import tabular_mlp as recipe
@@ -22,7 +22,7 @@ DAILY = Asset(name=recipe.DAILY_DATASET, uri=recipe.dataset_uri(recipe.DAILY_DAT
     catchup=False,
     max_active_runs=1,
     # Retries are for infrastructure faults; a bad config or bad data fails at once (AirflowFailException).
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=settings.retry_delay_s())},
     tags=["ddp", "tabular"],
     params={name: Param(**schema) for name, schema in recipe.airflow_params().items()},
     doc_md=__doc__,
