@@ -82,7 +82,7 @@ def run_pipeline(kind: str, path: str, out: str, workers: int) -> dict:
     from pipeline.data import prep
 
     started = time.perf_counter()
-    cfg = DataConfig(input_path=path, workers=workers, unit_rows=262_144 if kind == "tabular" else 5_000)
+    cfg = DataConfig(input_path=path, workers=workers)
     manifest = prep.prepare(cfg, name=kind, out_root=Path(out))
     return {"rows": sum(manifest["splits"].values()), "wall_s": time.perf_counter() - started}
 

@@ -62,9 +62,10 @@ class DataConfig:
         0.01, "With quarantine, the run fails when more than this fraction of rows is bad.", min=0.0, max=1.0
     )
     workers: int = _field(2, "Worker processes converting input units in parallel.", min=1, max=256)
-    unit_rows: int = _field(
-        262_144, "Rows per work unit (whole Parquet row groups; IDX rows); units are what workers share out.",
-        min=1,
+    unit_bytes: int = _field(
+        16 << 20, "Uncompressed input bytes per work unit (whole Parquet row groups, IDX rows, image files; "
+        "a CSV or JSON Lines file is one unit). Workers share out units; the output depends on this, not on "
+        "the worker count.", min=1,
     )
     partition_key: str = _field("dt", "Hive partition key (folders KEY=DATE) that a DAG run's data interval selects.")
     window_intervals: int = _field(

@@ -14,8 +14,8 @@ from pipeline.data.demo import write_idx  # noqa: F401  (the tests' IDX files)
 
 
 def cfg(path, **overrides) -> DataConfig:
-    """A config with tiny shards (many of them) and tiny work units (many parts)."""
-    defaults = dict(input_path=str(path), label_column="label", shard_size_limit_bytes=1 << 12, unit_rows=200,
+    """A config with tiny shards (many of them) and tiny work units (many parts: ~100 rows of ``table``)."""
+    defaults = dict(input_path=str(path), label_column="label", shard_size_limit_bytes=1 << 12, unit_bytes=2_000,
                     workers=1)
     return DataConfig(**{**defaults, **overrides})
 

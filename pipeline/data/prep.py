@@ -95,7 +95,7 @@ def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, 
         log.info("dataset %s version %s already published at %s: skipping", name, version, final)
         return {**read_manifest(final), "skipped": True}
 
-    units = sources.plan_units(inp, rows_per_unit=cfg.unit_rows)
+    units = sources.plan_units(inp, unit_bytes=cfg.unit_bytes)
     plan = infer_plan(inp, units, cfg)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(final.parent)

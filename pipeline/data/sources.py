@@ -22,7 +22,6 @@ _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _IDX_IMAGES = re.compile(r"^(?P<prefix>.*)-images-idx3-ubyte(\.gz)?$")
 _IDX_LABELS = "{prefix}-labels-idx1-ubyte"
-_IMAGE_FILES_PER_UNIT = 4096
 
 
 @dataclass(frozen=True)
@@ -182,29 +181,35 @@ def _instant(text: str, what: str) -> datetime:
 
 # --- work units ---------------------------------------------------------------------------------
 
-def plan_units(inp: Input, *, rows_per_unit: int) -> list[Unit]:
-    """Cut the input into units that workers convert independently; the cut depends on the input only,
-    so the output is the same for any number of workers."""
+def plan_units(inp: Input, *, unit_bytes: int) -> list[Unit]:
+    """Cut the input into units of about ``unit_bytes`` uncompressed bytes that workers convert
+    independently; the cut depends on the input only, so the output is the same for any number of
+    workers."""
     units: list[Unit] = []
     if inp.fmt == "parquet":
         for f in inp.files:
             meta = _parquet_file(f).metadata
-            start, rows = 0, 0
+            start, size = 0, 0
             for g in range(meta.num_row_groups):
-                rows += meta.row_group(g).num_rows
-                if rows >= rows_per_unit:
+                size += meta.row_group(g).total_byte_size
+                if size >= unit_bytes:
                     units.append(Unit(len(units), (f,), start, g + 1))
-                    start, rows = g + 1, 0
+                    start, size = g + 1, 0
             if start < meta.num_row_groups or meta.num_row_groups == 0:
                 units.append(Unit(len(units), (f,), start, meta.num_row_groups))
     elif inp.fmt == "idx":
         for f in inp.files:
-            count = _idx_count(f)
-            for start in range(0, max(count, 1), rows_per_unit):
-                units.append(Unit(len(units), (f,), start, min(start + rows_per_unit, count)))
+            count, row_bytes = _idx_count(f)
+            rows = max(1, unit_bytes // row_bytes)
+            for start in range(0, max(count, 1), rows):
+                units.append(Unit(len(units), (f,), start, min(start + rows, count)))
     elif inp.fmt == "image_folder":
-        for start in range(0, len(inp.files), _IMAGE_FILES_PER_UNIT):
-            units.append(Unit(len(units), tuple(inp.files[start:start + _IMAGE_FILES_PER_UNIT])))
+        start, size = 0, 0
+        for i, f in enumerate(inp.files):
+            size += f.size
+            if size >= unit_bytes or i == len(inp.files) - 1:
+                units.append(Unit(len(units), tuple(inp.files[start:i + 1])))
+                start, size = i + 1, 0
     else:  # CSV and JSON Lines stream from the start: one unit per file
         units = [Unit(i, (f,)) for i, f in enumerate(inp.files)]
     return units
@@ -321,14 +326,15 @@ def _idx_header(fh, uri: str, expected_magic: int) -> list[int]:
     return [int.from_bytes(raw[4 * i: 4 * i + 4], "big") for i in range(ndim)]
 
 
-def _idx_count(f: SourceFile) -> int:
+def _idx_count(f: SourceFile) -> tuple[int, int]:
+    """Images in an IDX pair, and bytes per image and label."""
     with _open(f.uri) as fh:
-        count = _idx_header(fh, f.uri, 0x803)[0]
+        dims = _idx_header(fh, f.uri, 0x803)
     with _open(f.partner) as fh:
         labels = _idx_header(fh, f.partner, 0x801)[0]
-    if labels != count:
-        raise DataError(f"{f.partner}: {labels} labels for {count} images in {f.uri}; expected one label per image")
-    return count
+    if labels != dims[0]:
+        raise DataError(f"{f.partner}: {labels} labels for {dims[0]} images in {f.uri}; expected one label per image")
+    return dims[0], int(np.prod(dims[1:])) + 1
 
 
 def stage_idx(units: list[Unit], folder: Path) -> list[Unit]:

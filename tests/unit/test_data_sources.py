@@ -60,7 +60,7 @@ def test_idx_files_become_28x28_arrays_with_int_labels(tmp_path, gz):
     labels = rng.integers(0, 10, 700)
     write_idx(tmp_path / "fashion", "train", images[:500], labels[:500], gz=gz)
     write_idx(tmp_path / "fashion", "t10k", images[500:], labels[500:], gz=gz)
-    manifest = prep.prepare(cfg(tmp_path / "fashion", unit_rows=128, shard_size_limit_bytes=1 << 15),
+    manifest = prep.prepare(cfg(tmp_path / "fashion", unit_bytes=128 * 785, shard_size_limit_bytes=1 << 15),
                             name="t", out_root=tmp_path / "out")
     assert manifest["schema"]["fmt"] == "idx"
     assert manifest["schema"]["encodings"] == {"image": "ndarray:uint8:28,28", "label": "int64"}
