@@ -61,7 +61,9 @@ def _signal_all(pids: list[int], signum: int) -> None:
 def stop_descendants(grace_period_s: float) -> None:
     """SIGTERM every descendant, wait for them up to the grace period, then SIGKILL the rest."""
     me = os.getpid()
-    _signal_all(descendants(me), signal.SIGTERM)
+    tree = descendants(me)
+    _signal_all(tree, signal.SIGTERM)
+    _signal_all(tree, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
     deadline = time.monotonic() + grace_period_s
     while time.monotonic() < deadline and descendants(me):
         _reap()

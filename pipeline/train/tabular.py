@@ -135,7 +135,10 @@ def _train(cfg: PipelineConfig, ctx, datasets: list[str], out_dir: Path) -> dict
     loop_started = time.perf_counter()
     while epoch < tc.epochs:
         ddp.train()
-        loss_sum = correct = count = 0.0
+        # Running sums stay on the device: a .item() per step would make every step wait for the device.
+        loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        correct = torch.zeros((), dtype=torch.int64, device=ctx.device)
+        count = 0
         batches = iter(train_loader)
         step_in_epoch = step - epoch * steps_per_epoch
         while step_in_epoch < steps_per_epoch:
@@ -146,7 +149,7 @@ def _train(cfg: PipelineConfig, ctx, datasets: list[str], out_dir: Path) -> dict
                 break
             optimizer.zero_grad(set_to_none=True)
             samples = sum(b["label"].shape[0] for b in micro)
-            step_loss = 0.0
+            step_loss = torch.zeros((), device=ctx.device)
             for i, batch in enumerate(micro):
                 num, cat, label = (batch[k].to(ctx.device, non_blocking=True) for k in ("num", "cat", "label"))
                 sync = i == len(micro) - 1 or not ctx.enabled
@@ -154,8 +157,8 @@ def _train(cfg: PipelineConfig, ctx, datasets: list[str], out_dir: Path) -> dict
                     logits = ddp(num, cat)
                     loss = F.cross_entropy(logits.float(), label, reduction="sum") / samples
                 loss.backward()
-                step_loss += loss.item()
-                correct += (logits.argmax(1) == label).sum().item()
+                step_loss += loss.detach()
+                correct += (logits.argmax(1) == label).sum()
             loss_sum += step_loss * samples
             count += samples
             optimizer.step()
@@ -167,11 +170,11 @@ def _train(cfg: PipelineConfig, ctx, datasets: list[str], out_dir: Path) -> dict
             if step % tc.log_every_steps == 0 or step == total_steps:
                 figures = meter.window()
                 if ctx.is_main:
-                    _progress_line(epoch, tc.epochs, step, total_steps, start_step, step_loss, figures, loop_started)
-                    tracker.metrics({"step_loss": step_loss, "lr": scheduler.get_last_lr()[0], **figures}, step=step)
+                    _progress_line(epoch, tc.epochs, step, total_steps, start_step, step_loss.item(), figures, loop_started)
+                    tracker.metrics({"step_loss": step_loss.item(), "lr": scheduler.get_last_lr()[0], **figures}, step=step)
             if tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0 and step_in_epoch < steps_per_epoch:
                 _save(ctx, store, cfg, step, epoch, model, optimizer, scheduler, train_loader.state_dict(), heartbeat, metrics)
-        loss_sum, correct, count = distributed.all_reduce_sum(ctx, [loss_sum, correct, count])
+        loss_sum, correct, count = distributed.all_reduce_sum(ctx, [loss_sum.item(), float(correct.item()), count])
         heartbeat.beat(step, total=total_steps, epoch=epoch + 1, phase="validating", force=True)
         val_loss, val_accuracy = _validate(ctx, ddp, val_loader, autocast)
         metrics = {
