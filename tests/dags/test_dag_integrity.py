@@ -12,7 +12,7 @@ HEAVY = ["torch", "mlflow", "pyarrow", "streaming", "transformers", "pandas"]
 
 
 def test_there_are_dag_files():
-    assert [p.name for p in DAG_FILES] == ["tabular_daily_prep.py", "tabular_mlp.py"]
+    assert [p.name for p in DAG_FILES] == ["tabular_daily_prep.py", "tabular_mlp.py", "torchrun_example.py"]
 
 
 def test_dag_bag_has_no_import_errors():
