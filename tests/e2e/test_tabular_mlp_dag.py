@@ -6,6 +6,7 @@ import pytest
 
 from pipeline.demo import run_dag
 from pipeline.stages import RunInfo
+from tests.processes import parent
 
 pytestmark = pytest.mark.e2e
 
@@ -224,8 +225,8 @@ def test_a_train_attempt_that_dies_mid_training_is_retried_from_its_checkpoint(a
                     beats = read_heartbeats(workdir / "train" / "logs-try1" / "progress")
                     if len(beats) == 2:
                         ranks = [beat["pid"] for beat in beats.values()]
-                        agent = _parent(ranks[0])
-                        killed["pids"] = [_parent(agent), agent, *ranks]  # guard, torchrun agent, ranks
+                        agent = parent(ranks[0])
+                        killed["pids"] = [parent(agent), agent, *ranks]  # guard, torchrun agent, ranks
                         for pid in killed["pids"]:
                             os.kill(pid, signal.SIGKILL)
                         return
@@ -242,8 +243,3 @@ def test_a_train_attempt_that_dies_mid_training_is_retried_from_its_checkpoint(a
     print(f"retry resumed at step {result['start_step']} of {result['steps']} from {result['resumed_from']}")
     assert result["start_step"] > 0 and result["resumed_from"]
     assert result["steps"] > result["start_step"]
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from pipeline.demo import run_dag
+from tests.processes import wait_until_gone
 
 pytestmark = pytest.mark.e2e
 
@@ -57,21 +58,4 @@ def test_execution_timeout_stops_every_rank(airflow_db, tmp_path):
     '''))
     dag_run = run_dag("torchrun_timeout", {}, dag_file=dag_file)
     assert _state(dag_run) == "failed"
-    import time
-
-    deadline = time.monotonic() + 10
-    while _pids_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _pids_with(marker) == [], "ranks outlived the timed-out task"
-
-
-def _pids_with(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if marker.encode() in fh.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
+    assert wait_until_gone(marker) == [], "ranks outlived the timed-out task"

@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.errors import TrainingFailed
 from pipeline.launch.local import run_torchrun
+from tests.processes import cmdline, pids_with, wait_until_gone
 
 pytestmark = pytest.mark.distributed
 
@@ -79,27 +80,10 @@ def test_killing_the_supervising_process_stops_every_rank(script_dir, tmp_path, 
         line = proc.stdout.readline()
         started += "hello from rank" in line
     assert started == 2, "the ranks did not start"
-    assert len(_pids_with(marker)) >= 4  # the guard, the torchrun agent and two ranks
+    assert len(pids_with(marker)) >= 4  # the guard, the torchrun agent and two ranks
     proc.send_signal(signum)
     proc.wait(timeout=20)
-    deadline = time.monotonic() + 10
-    while _pids_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _pids_with(marker) == []
-
-
-def _pids_with(marker: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if marker.encode() in fh.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
+    assert wait_until_gone(marker) == []
 
 
 def test_on_kill_of_the_operator_stops_every_rank(script_dir, tmp_path):
@@ -124,16 +108,13 @@ def test_on_kill_of_the_operator_stops_every_rank(script_dir, tmp_path):
     thread = threading.Thread(target=execute)
     thread.start()
     deadline = time.monotonic() + 60
-    while len(_pids_with(marker)) < 4 and time.monotonic() < deadline:  # guard, agent, two ranks
+    while len(pids_with(marker)) < 4 and time.monotonic() < deadline:  # guard, agent, two ranks
         time.sleep(0.2)
-    assert len(_pids_with(marker)) >= 4, "the job did not start"
+    assert len(pids_with(marker)) >= 4, "the job did not start"
     op.on_kill()
     thread.join(timeout=30)
     assert isinstance(outcome.get("error"), TrainingFailed)
-    deadline = time.monotonic() + 10
-    while _pids_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _pids_with(marker) == []
+    assert wait_until_gone(marker) == []
 
 
 def test_ranks_orphaned_by_a_killed_torchrun_agent_are_stopped_by_the_guard(script_dir, tmp_path):
@@ -153,22 +134,11 @@ def test_ranks_orphaned_by_a_killed_torchrun_agent_are_stopped_by_the_guard(scri
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 60
-    while len(_pids_with(marker)) < 4 and time.monotonic() < deadline:
+    while len(pids_with(marker)) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
-    agents = [pid for pid in _pids_with(marker) if _cmdline(pid).count(b"torch.distributed.run") and b"guard" not in _cmdline(pid)]
+    agents = [pid for pid in pids_with(marker) if cmdline(pid).count(b"torch.distributed.run") and b"guard" not in cmdline(pid)]
     assert len(agents) == 1
     os.kill(agents[0], signal.SIGKILL)
     thread.join(timeout=30)
     assert errors, "the launch did not fail"
-    deadline = time.monotonic() + 10
-    while _pids_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _pids_with(marker) == []
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read()
-    except OSError:
-        return b""
+    assert wait_until_gone(marker) == []
