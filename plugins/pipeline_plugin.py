@@ -1,8 +1,16 @@
-"""Airflow plugin of the DDP pipelines: registers the "MLflow" operator extra link."""
+"""Airflow plugin of the DDP pipelines: the "MLflow" operator extra link, and the launch API for DAG authors.
+
+Airflow puts ``plugins/`` on ``sys.path``, so a DAG can ``from pipeline_plugin import TorchrunOperator,
+torchrun_task``. Plugins cannot add TaskFlow decorators: ``@task.torchrun`` comes from this
+package's ``apache_airflow_provider`` entry point (``pyproject.toml``).
+"""
 
 from airflow.plugins_manager import AirflowPlugin
 
+from pipeline.launch.operator import TorchrunOperator, torchrun_task
 from pipeline.orchestration import MlflowLink
+
+__all__ = ["PipelinePlugin", "TorchrunOperator", "torchrun_task"]
 
 
 class PipelinePlugin(AirflowPlugin):

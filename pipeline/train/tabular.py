@@ -176,7 +176,7 @@ def _train(cfg: PipelineConfig, ctx, datasets: list[str], out_dir: Path) -> dict
                 _save(ctx, store, cfg, step, epoch, model, optimizer, scheduler, train_loader.state_dict(), heartbeat, metrics)
         loss_sum, correct, count = distributed.all_reduce_sum(ctx, [loss_sum.item(), float(correct.item()), count])
         heartbeat.beat(step, total=total_steps, epoch=epoch + 1, phase="validating", force=True)
-        val_loss, val_accuracy = _validate(ctx, ddp, val_loader, autocast)
+        val_loss, val_accuracy = _validate(ctx, ddp, val_loader, autocast, heartbeat, step)
         metrics = {
             "train_loss": loss_sum / max(count, 1), "train_accuracy": correct / max(count, 1),
             "val_loss": val_loss, "val_accuracy": val_accuracy,
@@ -307,10 +307,11 @@ def _resume(ctx, store: CheckpointStore, cfg: PipelineConfig, model, optimizer, 
 
 
 @torch.no_grad()
-def _validate(ctx, model, loader, autocast) -> tuple[float, float]:
+def _validate(ctx, model, loader, autocast, heartbeat: Heartbeat, step: int) -> tuple[float, float]:
     model.eval()
     loss_sum = correct = count = 0.0
-    for batch in loader:
+    for i, batch in enumerate(loader):
+        heartbeat.beat(step, phase=f"validating batch {i}")  # a long validation is progress, not a stall
         num, cat, label = (batch[k].to(ctx.device) for k in ("num", "cat", "label"))
         with autocast:
             logits = model(num, cat)
