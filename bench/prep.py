@@ -84,7 +84,8 @@ def run_pipeline(kind: str, path: str, out: str, workers: int) -> dict:
     started = time.perf_counter()
     cfg = DataConfig(input_path=path, workers=workers)
     manifest = prep.prepare(cfg, name=kind, out_root=Path(out))
-    return {"rows": sum(manifest["splits"].values()), "wall_s": time.perf_counter() - started}
+    return {"rows": sum(manifest["splits"].values()), "wall_s": time.perf_counter() - started,
+            "timings_s": manifest["timings_s"], "units": manifest["units"]}
 
 
 def _child(argv: list[str]) -> None:
@@ -156,8 +157,8 @@ def main() -> None:
             f"{two['rows_per_s'] / base['rows_per_s']:>8.2f}{two['rows_per_s'] / one['rows_per_s']:>7.2f}"
             "   " + " / ".join(f"{r['pss_mib']:,.0f} ({r['rss_mib']:,.0f})" for r in (base, one, two))
         )
-        print(f"{kind}: baseline {base['wall_s']:.1f} s, 1 worker {one['wall_s']:.1f} s, 2 workers {two['wall_s']:.1f} s",
-              flush=True)
+        print(f"{kind}: baseline {base['wall_s']:.1f} s, 1 worker {one['wall_s']:.1f} s {one['timings_s']}, "
+              f"2 workers {two['wall_s']:.1f} s {two['timings_s']}; {two['units']} units", flush=True)
     print()
     print(header)
     for line in lines:

@@ -195,20 +195,16 @@ class PartWriter:
         self._sizes: list[np.ndarray] = []
         self._shard_size = self.extra_bytes_per_shard
 
-    def write(self, buf: np.ndarray, bounds: np.ndarray, rows: np.ndarray) -> None:
-        """Append the samples ``rows`` (ascending indices into ``bounds``) of an :func:`encode_batch` buffer."""
-        if not len(rows):
+    def write(self, buf: np.ndarray, bounds: np.ndarray, start: int, stop: int) -> None:
+        """Append samples ``start:stop`` of an :func:`encode_batch` buffer (row boundaries ``bounds``)."""
+        if stop <= start:
             return
-        sizes = bounds[rows + 1] - bounds[rows]
-        if len(rows) == len(bounds) - 1:
-            data = buf
-        else:  # gather the rows' bytes into one contiguous buffer
-            starts = np.zeros(len(rows), np.int64)
-            np.cumsum(sizes[:-1], out=starts[1:])
-            data = buf[np.repeat(bounds[rows] - starts, sizes) + np.arange(int(sizes.sum()))]
+        sizes = np.diff(bounds[start:stop + 1])
+        data = buf[bounds[start]:bounds[stop]]
+        rows = stop - start
         ends = np.cumsum(sizes)
         done = 0
-        while done < len(rows):
+        while done < rows:
             # MDSWriter's rule: a sample that would take the shard past size_limit starts a new one.
             room = self.size_limit - self._shard_size
             used = np.cumsum(sizes[done:] + self.extra_bytes_per_sample)
@@ -223,7 +219,7 @@ class PartWriter:
             self._sizes.append(sizes[done:done + fits])
             self._shard_size += int(used[fits - 1])
             done += fits
-        self.rows += len(rows)
+        self.rows += rows
 
     def _flush(self) -> None:
         sizes = np.concatenate(self._sizes)

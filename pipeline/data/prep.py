@@ -44,7 +44,8 @@ QUARANTINE = "quarantine.parquet"
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 24 * 3600  # a temporary folder this old is a dead writer's, whatever host it was on
 _SAMPLE_ROWS = 5
-_WORKER_MODULES = (__name__, "fsspec", "pyarrow.compute", "pyarrow.parquet", "pyarrow.csv", "pyarrow.json", "PIL.Image")
+_WORKER_MODULES = (__name__, "fsspec", "pandas", "pyarrow.compute", "pyarrow.parquet", "pyarrow.csv", "pyarrow.json",
+                   "PIL.Image", "zstd", "xxhash")
 _BAD_EXAMPLES = 5
 
 
@@ -89,6 +90,7 @@ def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, 
     if interval:
         inp = sources.select_interval(inp, cfg.partition_key, *interval)
     described = [_describe(f) for f in inp.files]
+    timings = {"digest": time.perf_counter() - started}
     version = _version(described, cfg, inp.fmt, interval)
     final = Path(out_root) / name / version
     if (final / MANIFEST).exists():
@@ -104,9 +106,11 @@ def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, 
     try:
         if inp.fmt == "idx":
             units = sources.stage_idx(units, tmp / "_staged")
+        timings["plan"] = time.perf_counter() - started - timings["digest"]
         results = _convert(plan, units, tmp, workers=min(cfg.workers, len(units)))
+        timings["convert"] = time.perf_counter() - started - timings["digest"] - timings["plan"]
         shutil.rmtree(tmp / "_staged", ignore_errors=True)
-        manifest = _assemble(cfg, plan, name, version, final, tmp, described, results, interval, started)
+        manifest = _assemble(cfg, plan, name, version, final, tmp, described, results, interval, started, timings)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -323,7 +327,7 @@ def _check_columns(names: list[str], expected: list[str], origin: str) -> None:
 # --- workers ------------------------------------------------------------------------------------
 
 def _convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) -> list[dict[str, Any]]:
-    """Convert every unit, in this process or in ``workers`` processes; results in unit order."""
+    """Convert every unit with ``workers`` processes, this one included; results in unit order."""
     if workers <= 1:
         return [convert_unit(plan, unit, str(tmp)) for unit in units]
     import multiprocessing
@@ -332,22 +336,44 @@ def _convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) 
     # per worker), not from a task process whose threads might hold locks.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(_WORKER_MODULES))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_die_with_parent) as pool:
+    with ProcessPoolExecutor(max_workers=workers - 1, mp_context=ctx, initializer=_init_worker) as pool:
         futures = [pool.submit(convert_unit, plan, unit, str(tmp)) for unit in units]
         try:
+            # This process converts too, taking from the end the units no worker has started: it
+            # works while the pool starts up, and the last units go to whoever is free.
+            outcomes: dict[int, Any] = {}
+            for i in reversed(range(len(units))):
+                if futures[i].cancel():
+                    try:
+                        outcomes[i] = convert_unit(plan, units[i], str(tmp))
+                    except DataError as exc:
+                        outcomes[i] = exc
+                        break
+            results = []
             # In unit order, so the error reported for bad input is the same for any worker count.
-            return [f.result() for f in futures]
+            for i, future in enumerate(futures):
+                outcome = outcomes[i] if i in outcomes else future.result()
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                results.append(outcome)
+            return results
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
 
 
-def _die_with_parent() -> None:
+def _init_worker() -> None:
     """A killed preparation must not leave workers writing into its temporary folder: on Linux the
-    kernel kills a worker when the forkserver that forked it exits (it does when the parent dies)."""
+    kernel kills a worker when the forkserver that forked it exits (it does when the parent dies).
+    Each worker decodes with one Arrow thread: the processes are the parallelism, and Arrow's own
+    pool (one thread per core, in every worker) would only make them compete."""
     import ctypes
     import signal
+
+    import pyarrow as pa
+
+    pa.set_cpu_count(1)
 
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -397,10 +423,14 @@ def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
             keys = splits.key_hashes(table.column(plan.key_column).to_pylist())
         codes = splits.assign(keys, seed=plan.split_seed, val_fraction=plan.val_fraction,
                               test_fraction=plan.test_fraction)
-        buf, bounds = mds.encode_batch(plan.encodings, table)
-        for code, split in enumerate(splits.SPLITS):
-            writers[split].write(buf, bounds, np.flatnonzero(codes == code))
         _update_stats(stats, table, codes == 0, plan)
+        # Rows grouped by split (stable: input order within a split), so each split's samples are one
+        # contiguous run of the encoded buffer.
+        order = np.argsort(codes, kind="stable")
+        buf, bounds = mds.encode_batch(plan.encodings, table.take(pa.array(order)))
+        ends = np.cumsum(np.bincount(codes, minlength=len(splits.SPLITS)))
+        for code, split in enumerate(splits.SPLITS):
+            writers[split].write(buf, bounds, int(ends[code - 1]) if code else 0, int(ends[code]))
         if len(sample_rows) < _SAMPLE_ROWS:
             features = plan.numeric_columns + plan.categorical_columns
             sample_rows += table.select(features).slice(0, _SAMPLE_ROWS - len(sample_rows)).to_pylist()
@@ -600,7 +630,8 @@ def _quarantine_rows(batch: sources.Batch, problems: list[tuple[int, str, str]])
 # --- publishing ---------------------------------------------------------------------------------
 
 def _assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, tmp: Path,
-              described: list[dict[str, Any]], results: list[dict[str, Any]], interval, started: float) -> dict[str, Any]:
+              described: list[dict[str, Any]], results: list[dict[str, Any]], interval, started: float,
+              timings: dict[str, float]) -> dict[str, Any]:
     """Merge the workers' parts, statistics and quarantines; check the whole; write the manifest last."""
     read = sum(r["read"] for r in results)
     bad = sum(r["bad"] for r in results)
@@ -660,8 +691,12 @@ def _assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path,
                      "quarantine": QUARANTINE if quarantine else None},
         "sample_rows": sample_rows,
         "workers": min(cfg.workers, len(results)),
+        "units": len(results),
         "prep_wall_s": round(time.perf_counter() - started, 3),
     }
+    # Where the time went: hashing the inputs, planning (and staging IDX), converting, merging.
+    timings["merge"] = manifest["prep_wall_s"] - sum(timings.values())
+    manifest["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     _write_json(tmp / MANIFEST, manifest)  # written last: its presence marks a complete version
     return manifest
 
