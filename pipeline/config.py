@@ -61,7 +61,7 @@ class DataConfig:
     max_bad_fraction: float = _field(
         0.01, "With quarantine, the run fails when more than this fraction of rows is bad.", min=0.0, max=1.0
     )
-    workers: int = _field(2, "Worker processes converting input units in parallel.", min=1, max=256)
+    workers: int = _field(2, "Processes converting input units in parallel, the preparing one included.", min=1, max=256)
     unit_bytes: int = _field(
         16 << 20, "Uncompressed input bytes per work unit (whole Parquet row groups, IDX rows, image files; "
         "a CSV or JSON Lines file is one unit). Workers share out units; the output depends on this, not on "
