@@ -39,23 +39,44 @@ def test_the_example_dag_runs_a_function_and_a_plain_script_on_two_ranks(airflow
 
 
 def test_execution_timeout_stops_every_rank(airflow_db, tmp_path):
-    marker = f"torchrun-timeout-{os.getpid()}"
+    import threading
+    import time
+
+    from pipeline import settings
+    from tests.processes import pids_with
+
+    marker = str(settings.runs_dir() / "torchrun_timeout") + "/"  # the job folder, on every command line
     dag_file = tmp_path / "timeout_dag.py"
-    dag_file.write_text(textwrap.dedent(f'''
+    dag_file.write_text(textwrap.dedent('''
         from datetime import timedelta
         from airflow.sdk import dag, task
 
         @dag(dag_id="torchrun_timeout", schedule=None, catchup=False)
         def torchrun_timeout():
-            @task.torchrun(nproc_per_node=2, retries=0, execution_timeout=timedelta(seconds=15), grace_period_s=3)
-            def sleep_forever(marker: str):
+            @task.torchrun(nproc_per_node=2, retries=0, execution_timeout=timedelta(seconds=20), grace_period_s=3)
+            def sleep_forever():
                 import time
                 time.sleep(600)
 
-            sleep_forever({marker!r})
+            sleep_forever()
 
         torchrun_timeout()
     '''))
-    dag_run = run_dag("torchrun_timeout", {}, dag_file=dag_file)
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(pids_with(marker))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        dag_run = run_dag("torchrun_timeout", {}, dag_file=dag_file)
+    finally:
+        done.set()
+        watcher.join()
     assert _state(dag_run) == "failed"
+    assert len(seen) >= 4, f"the guard, the torchrun agent and two ranks never ran: {seen}"
     assert wait_until_gone(marker) == [], "ranks outlived the timed-out task"

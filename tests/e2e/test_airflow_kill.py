@@ -1,0 +1,148 @@
+"""A running @task.torchrun task marked failed, then one cleared, through a real Airflow deployment.
+
+Scheduler (LocalExecutor), dag-processor and api-server run as processes on a PostgreSQL metadata
+database of their own; the test drives them through the REST API like a user in the UI would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.processes import pids_with
+from tests.services import AirflowApiServer, PostgresDatabase
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "torchrun_kill"
+
+
+@pytest.fixture()
+def airflow(tmp_path, monkeypatch):
+    """Airflow services on a fresh PostgreSQL database, with a DAG folder holding one sleeping job."""
+    from pipeline import settings
+
+    # The job's command lines carry its folder (runs/<dag>/<run>/<task>/...): that finds its processes.
+    marker = str(settings.runs_dir() / DAG_ID) + "/"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "torchrun_kill.py").write_text(textwrap.dedent(f'''
+        from airflow.sdk import dag, task
+
+        @dag(dag_id={DAG_ID!r}, schedule=None, catchup=False, is_paused_upon_creation=False)
+        def torchrun_kill():
+            @task.torchrun(nproc_per_node=2, retries=0, grace_period_s=3)
+            def sleep_long():
+                import time
+                time.sleep(600)
+
+            sleep_long()
+
+        torchrun_kill()
+    '''))
+    database = PostgresDatabase()
+    home = tmp_path / "airflow"
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database.url.replace("postgresql://", "postgresql+psycopg2://"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__PARALLELISM": "2",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "1",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
+    api = AirflowApiServer(tmp_path)
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"{api.url}/execution/")
+    api.start()
+    others = [
+        subprocess.Popen([sys.executable, "-m", "airflow", command], env=dict(os.environ),
+                         stdout=open(tmp_path / f"{command}.log", "a"), stderr=subprocess.STDOUT, start_new_session=True)
+        for command in ("scheduler", "dag-processor")
+    ]
+    try:
+        yield api, marker
+    finally:
+        api.stop()
+        for proc in others:
+            _stop(proc)
+        database.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import signal
+
+    from pipeline.launch.guard import descendants
+
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
+def _wait(condition, what: str, timeout_s: float = 180):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _trigger_and_wait_for_ranks(api: AirflowApiServer, marker: str) -> tuple[str, set[int]]:
+    def parsed():
+        try:
+            return api.request("GET", f"/api/v2/dags/{DAG_ID}")
+        except OSError:
+            return None
+
+    _wait(parsed, "the dag-processor to parse the DAG")
+    run = api.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})
+    job = _wait(lambda: set(pids_with(marker)) if len(pids_with(marker)) >= 4 else None,
+                "the guard, the torchrun agent and two ranks to run")
+    return run["dag_run_id"], job
+
+
+def _task_instance(api, run_id: str) -> dict:
+    return api.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/sleep_long")
+
+
+def _still_alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)}
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_marking_a_running_task_failed_or_clearing_it_stops_every_rank(airflow):
+    api, marker = airflow
+
+    run_id, job = _trigger_and_wait_for_ranks(api, marker)
+    api.request("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/sleep_long", {"new_state": "failed"})
+    marked = time.monotonic()
+    _wait(lambda: not _still_alive(job), "every process of the job to end after 'mark failed'", timeout_s=30)
+    print(f"mark failed: {len(job)} processes of the job gone {time.monotonic() - marked:.1f}s later")
+    assert time.monotonic() - marked <= 10 + 3  # the issue's 10 s, plus the job's 3 s grace period
+    assert _task_instance(api, run_id)["state"] == "failed"
+
+    run_id, job = _trigger_and_wait_for_ranks(api, marker)
+    api.request("POST", f"/api/v2/dags/{DAG_ID}/clearTaskInstances",
+                {"dag_run_id": run_id, "task_ids": ["sleep_long"], "dry_run": False, "only_failed": False})
+    cleared = time.monotonic()
+    _wait(lambda: not _still_alive(job), "every process of the first try to end after 'clear'", timeout_s=30)
+    print(f"clear: {len(job)} processes of the first try gone {time.monotonic() - cleared:.1f}s later")
+    assert time.monotonic() - cleared <= 10 + 3
