@@ -195,3 +195,28 @@ def test_csv_booleans_and_text_categories_that_look_numeric(tmp_path):
     rows = read_rows(manifest, tmp_path / "c")
     assert sum(int(r["flag"]) for r in rows) == sum(1 for i in range(300) if i % 3)
     assert {r["zip"] for r in rows} == {str(10000 + i) for i in range(7)}
+
+
+def test_parquet_with_fixed_shape_arrays_and_image_bytes(tmp_path):
+    rng = np.random.default_rng(2)
+    n = 300
+    vectors = rng.normal(size=(n, 4)).astype(np.float32)
+    pixels = rng.integers(0, 256, (n, 6, 6), dtype=np.uint8)
+    t = pa.table({
+        "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 4),
+        "photo": pa.array([image_bytes(p, "PNG") for p in pixels], pa.binary()),
+        "label": rng.integers(0, 3, n),
+    })
+    write_parquet(tmp_path / "in.parquet", t)
+    manifest = prep.prepare(cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    assert manifest["schema"]["encodings"] == {"vec": "ndarray:float32:4", "photo": "png", "label": "int64"}
+    assert manifest["schema"]["array_columns"] == ["vec"] and manifest["schema"]["image_columns"] == ["photo"]
+    rows = read_rows(manifest, tmp_path / "c")
+    got = {r["vec"].tobytes(): np.asarray(r["photo"]).tobytes() for r in rows}
+    assert got == {v.tobytes(): p.tobytes() for v, p in zip(vectors, pixels)}
+
+    vectors[7, 2] = np.nan
+    bad = t.set_column(0, "vec", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 4))
+    write_parquet(tmp_path / "bad.parquet", bad)
+    with pytest.raises(DataError, match="bad.parquet: row 7, column 'vec': array holds NaN or inf"):
+        prep.prepare(cfg(tmp_path / "bad.parquet"), name="t", out_root=tmp_path / "out")
