@@ -101,11 +101,9 @@ def open_input(input_path: str, fmt: str = "auto") -> Input:
 def _detect(input_path: str, files: list[SourceFile]) -> str:
     if any(_IDX_IMAGES.match(PurePosixPath(f.relpath).name) for f in files):
         return "idx"
-    if files and all(_suffix(f) in IMAGE_SUFFIXES and len(PurePosixPath(f.relpath).parts) >= 2
-                     for f in files if _suffix(f) in IMAGE_SUFFIXES) and any(_suffix(f) in IMAGE_SUFFIXES for f in files):
-        if not any(_suffix(f) in _SUFFIX_FORMAT for f in files):
-            return "image_folder"
     kinds = sorted({_SUFFIX_FORMAT[_suffix(f)] for f in files if _suffix(f) in _SUFFIX_FORMAT})
+    if not kinds and any(_suffix(f) in IMAGE_SUFFIXES and len(PurePosixPath(f.relpath).parts) >= 2 for f in files):
+        return "image_folder"  # images in class sub-folders, and no table files beside them
     if len(kinds) == 1:
         return kinds[0]
     if not kinds:
