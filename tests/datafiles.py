@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import DataConfig
-from pipeline.data.demo import write_idx  # noqa: F401  (the tests' IDX files)
 
 
 def cfg(path, **overrides) -> DataConfig:

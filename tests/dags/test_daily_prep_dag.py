@@ -6,7 +6,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from pipeline import settings
-from pipeline.demo import run_dag
 
 DAYS = ["2026-11-26", "2026-11-27", "2026-11-28"]
 

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.data import mds, prep
+from pipeline.data.demo import write_idx
 from pipeline.errors import ConfigError, DataError
-from tests.datafiles import (cfg, dataset_dir, image_bytes, read_rows, table, write_idx, write_image_folder,
-                             write_parquet)
+from tests.datafiles import cfg, image_bytes, read_rows, table, write_image_folder, write_parquet
 
 
 def test_hive_partitioned_parquet_and_a_data_interval_selects_partitions(tmp_path):

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.data import prep
+from pipeline.data.demo import write_idx
 from pipeline.errors import ConfigError, DataError, UserError
-from tests.datafiles import cfg, dataset_dir, published, table, write_idx, write_image_folder, write_parquet
+from tests.datafiles import cfg, dataset_dir, published, table, write_image_folder, write_parquet
 
 
 def _parquet(t: pa.Table):
