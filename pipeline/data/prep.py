@@ -481,18 +481,23 @@ def conform(batch: sources.Batch, plan: Plan):
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         encoding = plan.encodings[name]
-        if name in plan.numeric_columns:
-            out[name] = _numbers(column, encoding, name, flag, "a finite number")
-        elif name == plan.label_column:
-            out[name] = _label(column, plan, flag)
-        elif name in plan.image_columns:
-            out[name] = _images(column, encoding, name, flag)
-        elif name in plan.array_columns:
-            out[name] = _arrays(column, name, flag)
-        else:  # categorical or key: text, missing as ""
-            if name == plan.key_column:
-                flag(column.is_null().to_numpy(zero_copy_only=False), name, lambda i: "key is null; expected a value")
-            out[name] = _text(column)
+        try:
+            if name in plan.numeric_columns:
+                out[name] = _numbers(column, encoding, name, flag, "a finite number")
+            elif name == plan.label_column:
+                out[name] = _label(column, plan, flag)
+            elif name in plan.image_columns:
+                out[name] = _images(column, encoding, name, flag)
+            elif name in plan.array_columns:
+                out[name] = _arrays(column, name, flag)
+            else:  # categorical or key: text, missing as ""
+                if name == plan.key_column:
+                    flag(column.is_null().to_numpy(zero_copy_only=False), name, lambda i: "key is null; expected a value")
+                out[name] = _text(column)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, AttributeError) as exc:
+            # A file whose column has another type than the first file's, with no per-value reading.
+            raise DataError(f"{batch.origins[0]}: column {name!r} has type {column.type}, which does not convert "
+                            f"to the column's encoding {encoding!r} ({exc})") from None
     return pa.table(out), [(i, *problems[i]) for i in sorted(problems)]
 
 

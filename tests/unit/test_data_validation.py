@@ -31,6 +31,14 @@ def _two_files(d):
     return d / "in"
 
 
+def _second_file_of_another_type(d):
+    write_parquet(d / "in" / "part-0.parquet", table(300))
+    other = table(300, seed=1)
+    other = other.set_column(1, "b", pa.array([[1, 2]] * 300))
+    write_parquet(d / "in" / "part-1.parquet", other)
+    return d / "in"
+
+
 def _csv_with_text_in_a_number(d):
     t = table(300)
     pcsv.write_csv(t, d / "bad.csv")
@@ -91,6 +99,8 @@ CORPUS = [
     ("unexpected-column", _parquet(table().append_column("extra", pa.array(np.zeros(600)))),
      {"columns": ["a", "b", "color", "label"]}, DataError, "unexpected column(s) ['extra']; expected the columns"),
     ("missing-column-in-second-file", _two_files, {}, DataError, "part-1.parquet: missing column(s) ['b']"),
+    ("column-type-changes-between-files", _second_file_of_another_type, {}, DataError,
+     "part-1.parquet: column 'b' has type list<element: int64>, which does not convert to the column's encoding 'int64'"),
     ("timestamp-feature", _parquet(table().append_column("ts", pa.array(np.arange(600).astype("datetime64[s]")))), {},
      DataError, "feature column 'ts' has type timestamp[ms]; features must be numeric"),
     ("nan-feature", _parquet(_with("a", [1.0] * 599 + [float("nan")])), {}, DataError,
