@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data import local_path
-from pipeline.data.prep import PREPROCESSING, read_manifest, read_stats
+from pipeline.data.prep import read_manifest, read_stats
 from pipeline.errors import DataError
 
 
@@ -43,7 +43,8 @@ class TrainingData:
                 raise DataError(f"{d}: no published dataset version here (no manifest.json)") from None
         first = manifests[0]
         for d, m in zip(dirs[1:], manifests[1:]):
-            if m["schema"] != first["schema"]:
+            # The columns, their roles and encodings must agree; the input format may differ.
+            if _columns(m) != _columns(first):
                 raise DataError(
                     f"{d}: version {m['version']} has columns {m['schema']['encodings']}, version "
                     f"{first['version']} has {first['schema']['encodings']}; a window reads versions of one schema"
@@ -139,6 +140,10 @@ class Encoder:
         return num, cat, label
 
 
+def _columns(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in manifest["schema"].items() if k != "fmt"}
+
+
 def _label(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
@@ -146,6 +151,3 @@ def _label(value: Any) -> Any:
 def load_split(datasets: list[str] | str | Path, split: str, cache_dir: Path):
     """A split of one version or a window as raw feature rows and label indices (see ``TrainingData.frame``)."""
     return TrainingData.open(datasets if isinstance(datasets, list) else [str(datasets)], cache_dir).frame(split)
-
-
-__all__ = ["TrainingData", "Encoder", "load_split", "PREPROCESSING"]
