@@ -146,8 +146,3 @@ def _columns(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def _label(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
-
-
-def load_split(datasets: list[str] | str | Path, split: str, cache_dir: Path):
-    """A split of one version or a window as raw feature rows and label indices (see ``TrainingData.frame``)."""
-    return TrainingData.open(datasets if isinstance(datasets, list) else [str(datasets)], cache_dir).frame(split)

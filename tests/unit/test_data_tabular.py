@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.config import DataConfig
 from pipeline.data import prep, splits
-from pipeline.data.reading import load_split
+from pipeline.data.reading import TrainingData
 from pipeline.errors import DataError
 
 
@@ -40,7 +40,7 @@ def test_parquet_to_mds_round_trip(tmp_path):
 
     frames, labels = [], []
     for split in splits.SPLITS:
-        frame, y = load_split(dataset_dir, split, tmp_path / "cache")
+        frame, y = TrainingData.open([manifest["uri"]], tmp_path / "cache").frame(split)
         assert len(frame) == manifest["splits"][split]
         frames.append(frame)
         labels.append(y)
@@ -61,7 +61,7 @@ def test_statistics_come_from_the_training_split(tmp_path):
     manifest = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     dataset_dir = Path(manifest["uri"].removeprefix("file://"))
     preprocessing = prep.read_preprocessing(dataset_dir)
-    train, _ = load_split(dataset_dir, "train", tmp_path / "cache")
+    train, _ = TrainingData.open([manifest["uri"]], tmp_path / "cache").frame("train")
     assert preprocessing["mean"][0] == pytest.approx(train["a"].mean(), abs=1e-5)
     assert preprocessing["vocab"]["color"] == ["<unk>", "blue", "green", "red"]
 
@@ -97,7 +97,7 @@ def test_a_key_column_assigns_splits_by_key_not_position(tmp_path):
     def test_ids(name):
         m = prep.prepare(_cfg(tmp_path / name, key_column="id"), name=name, out_root=tmp_path / "out")
         assert "id" not in m["schema"]["numeric_columns"] + m["schema"]["categorical_columns"]
-        frame, _ = load_split(Path(m["uri"].removeprefix("file://")), "test", tmp_path / f"c-{name}")
+        frame, _ = TrainingData.open([m["uri"]], tmp_path / f"c-{name}").frame("test")
         return sorted(zip(frame["a"].round(6), frame["b"]))
 
     assert test_ids("a.parquet") == test_ids("b.parquet")
