@@ -8,11 +8,12 @@ The `tabular_mlp` training DAG is scheduled on that Asset and trains on the newe
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag, task
 
-from pipeline import stages
+from pipeline import settings, stages
 from pipeline.data import windows
 from pipeline.orchestration import run_stage
 from pipeline.recipes import tabular_mlp as recipe
@@ -24,10 +25,11 @@ DAILY = Asset(name=recipe.DAILY_DATASET, uri=recipe.dataset_uri(recipe.DAILY_DAT
     dag_id="tabular_daily_prep",
     # Data intervals, not trigger instants: each run covers [midnight, next midnight) of one day.
     schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
-    start_date=datetime(2026, 11, 1, tzinfo=timezone.utc),
+    # The first day to prepare (PIPELINE_DAILY_START_DATE, an ISO date): catchup runs every day since.
+    start_date=datetime.fromisoformat(os.environ.get("PIPELINE_DAILY_START_DATE", "2026-11-01")).replace(tzinfo=timezone.utc),
     catchup=True,  # every past day gets its version, as a backfill would
     max_active_runs=1,  # each run already converts with data.workers processes
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=settings.retry_delay_s())},
     tags=["data", "tabular"],
     params={
         name: Param(**schema)
