@@ -40,15 +40,19 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     from pipeline.registry import models
     from pipeline.registry.tracking import RUN_KEY_TAG, client
 
-    first = run_dag("tabular_mlp", {"input_path": str(demo_parquet), **TINY})
+    # A model of its own: other tests of the session register tabular_mlp versions and champions.
+    model = "tabular_mlp_two_runs"
+    conf = {"input_path": str(demo_parquet), **TINY,
+            "overrides": {**TINY["overrides"], "registry.model_name": model, "registry.experiment": model}}
+    first = run_dag("tabular_mlp", conf)
     assert _state(first) == "success"
     one = _summary(first)
     metrics = one["test_metrics"]
     assert metrics["accuracy"] >= metrics["majority_rate"] + 0.10, metrics
     assert one["promoted"] and one["champion_before"] is None
-    assert str(models.version_by_alias("tabular_mlp", "champion").version) == one["model"]["version"]
+    assert str(models.version_by_alias(model, "champion").version) == one["model"]["version"]
 
-    second = run_dag("tabular_mlp", {"input_path": str(demo_parquet), **TINY, "seed": 1})
+    second = run_dag("tabular_mlp", {**conf, "seed": 1})
     assert _state(second) == "success"
     two = _summary(second)
     assert two["dataset"]["version"] == one["dataset"]["version"] and two["dataset"]["reused"]
@@ -56,12 +60,12 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     assert two["champion_before"]["version"] == one["model"]["version"]
     assert two["champion_before"]["metrics"]["rows"] == metrics["rows"]  # the same test split
 
-    versions = client().search_model_versions("name = 'tabular_mlp'")
+    versions = client().search_model_versions(f"name = '{model}'")
     assert sorted(v.tags[RUN_KEY_TAG] for v in versions) == sorted(f"tabular_mlp/{r.run_id}" for r in (first, second))
-    second_version = client().get_model_version("tabular_mlp", two["model"]["version"])
+    second_version = client().get_model_version(model, two["model"]["version"])
     assert second_version.tags["promotion.decision"] == ("promoted" if two["promoted"] else "rejected")
     assert second_version.tags["dataset.version"] == one["dataset"]["version"]
-    champion = str(models.version_by_alias("tabular_mlp", "champion").version)
+    champion = str(models.version_by_alias(model, "champion").version)
     assert champion == (two if two["promoted"] else one)["model"]["version"]
 
     # Lineage: one MLflow run per DAG run, tagged, with the dataset as its input and the report as artifacts.
@@ -87,7 +91,7 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     links = _extra_links(second.run_id, "_link_MlflowLink")
     assert set(links) == {"train", "register_model", "evaluate"}
     assert links["train"].endswith(f"/runs/{mlflow_run.info.run_id}")
-    assert links["register_model"].endswith(f"/#/models/tabular_mlp/versions/{two['model']['version']}")
+    assert links["register_model"].endswith(f"/#/models/{model}/versions/{two['model']['version']}")
     assert links["evaluate"].endswith("/artifacts/evaluation/report.html")
 
     # The registered model scores raw rows straight from the input Parquet.
@@ -95,7 +99,7 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     import pyarrow.parquet as pq
 
     rows = pq.read_table(demo_parquet).slice(0, 8).to_pandas().drop(columns=["label"])
-    scored = mlflow.pyfunc.load_model("models:/tabular_mlp@champion").predict(rows)
+    scored = mlflow.pyfunc.load_model(f"models:/{model}@champion").predict(rows)
     assert len(scored) == 8 and set(scored["prediction"]) <= {0, 1, 2}
 
 
