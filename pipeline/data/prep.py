@@ -336,7 +336,8 @@ def _convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) 
     # per worker), not from a task process whose threads might hold locks.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(_WORKER_MODULES))
-    with ProcessPoolExecutor(max_workers=workers - 1, mp_context=ctx, initializer=_init_worker) as pool:
+    with ProcessPoolExecutor(max_workers=workers - 1, mp_context=ctx, initializer=_init_worker,
+                             initargs=(os.getpid(),)) as pool:
         futures = [pool.submit(convert_unit, plan, unit, str(tmp)) for unit in units]
         try:
             # This process converts too, taking from the end the units no worker has started: it
@@ -363,22 +364,26 @@ def _convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) 
             raise
 
 
-def _init_worker() -> None:
-    """A killed preparation must not leave workers writing into its temporary folder: on Linux the
-    kernel kills a worker when the forkserver that forked it exits (it does when the parent dies).
-    Each worker decodes with one Arrow thread: the processes are the parallelism, and Arrow's own
-    pool (one thread per core, in every worker) would only make them compete."""
-    import ctypes
-    import signal
+def _init_worker(parent_pid: int) -> None:
+    """A killed preparation must not leave workers behind. A worker's parent is the forkserver, and
+    the forkserver lives as long as any worker does (each holds its liveness pipe), so neither
+    notices on its own that the preparing process died: a thread of each worker watches that
+    process and ends the worker when it is gone (within a second; ``convert_unit`` also checks
+    between batches). Each worker decodes with one Arrow thread: the processes are the
+    parallelism, and Arrow's own pool (one thread per core, in every worker) would only make them
+    compete."""
+    import threading
 
     import pyarrow as pa
 
     pa.set_cpu_count(1)
 
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # elsewhere, convert_unit's check of the parent is what stops them
+    def watch() -> None:
+        while _alive(parent_pid):
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 def _parent_gone(plan: Plan) -> bool:

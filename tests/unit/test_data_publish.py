@@ -17,6 +17,7 @@ from pipeline.data import prep, windows
 from pipeline.data.reading import TrainingData
 from pipeline.errors import DataError
 from tests.datafiles import cfg, dataset_dir, published, read_rows, table, write_parquet
+from tests.processes import wait_until_gone
 
 
 def _index_bytes(manifest) -> dict[str, bytes]:
@@ -82,7 +83,8 @@ def test_a_kill_mid_write_publishes_nothing_and_a_rerun_publishes_a_good_version
     assert published(out) == []
     assert list(out.glob("t/.tmp-*"))  # the dead writer's folder, which no reader looks at
 
-    time.sleep(0.5)  # the workers die with their forkserver, which notices its parent's death
+    # The worker processes and their forkserver (their command lines name this test's folder) end too.
+    assert wait_until_gone(str(tmp_path)) == [], "workers of the killed preparation are still running"
     manifest = prep.prepare(cfg(tmp_path / "in.parquet", unit_bytes=1), name="t", out_root=out)
     assert sum(manifest["splits"].values()) == 300_000
     assert published(out) == [dataset_dir(manifest) / "manifest.json"]
