@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -9,7 +11,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import json
 import uuid
 from pathlib import Path
 
@@ -136,3 +137,63 @@ class AirflowApiServer:
     def stop(self):
         if self.proc:
             os.killpg(self.proc.pid, signal.SIGKILL); self.proc = None
+
+
+@contextlib.contextmanager
+def airflow_deployment(tmp_path: Path, dags: Path, monkeypatch, env: dict[str, str] | None = None):
+    """Scheduler (LocalExecutor), dag-processor and api-server as processes reading ``dags``, on a
+    PostgreSQL metadata database of their own; yields the api-server. ``env`` adds settings."""
+    database = PostgresDatabase()
+    settings = {
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database.url.replace("postgresql://", "postgresql+psycopg2://"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__PARALLELISM": "2",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "1",
+        **(env or {}),
+    }
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    others: list[subprocess.Popen] = []
+    api = AirflowApiServer(tmp_path)
+    try:
+        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
+        monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"{api.url}/execution/")
+        api.start()
+        others = [
+            subprocess.Popen([sys.executable, "-m", "airflow", command], env=dict(os.environ),
+                             stdout=open(tmp_path / f"{command}.log", "a"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+            for command in ("scheduler", "dag-processor")
+        ]
+        yield api
+    finally:
+        api.stop()
+        for proc in others:
+            _kill_tree(proc)
+        database.close()
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a service and everything it started (task processes and their jobs included)."""
+    from pipeline.launch.guard import descendants
+
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
+def wait_for(condition, what: str, timeout_s: float = 180, poll_s: float = 0.5):
+    """``condition()``'s first truthy value; fails naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")

@@ -6,9 +6,6 @@ database of their own; the test drives them through the REST API like a user in 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -16,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import pids_with
-from tests.services import AirflowApiServer, PostgresDatabase
+from tests.services import AirflowApiServer, airflow_deployment, wait_for as _wait
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +32,7 @@ def airflow(tmp_path, monkeypatch):
     (dags / "torchrun_kill.py").write_text(textwrap.dedent(f'''
         from airflow.sdk import dag, task
 
-        @dag(dag_id={DAG_ID!r}, schedule=None, catchup=False, is_paused_upon_creation=False)
+        @dag(dag_id={DAG_ID!r}, schedule=None, catchup=False)
         def torchrun_kill():
             @task.torchrun(nproc_per_node=2, retries=0, grace_period_s=3)
             def sleep_long():
@@ -46,57 +43,8 @@ def airflow(tmp_path, monkeypatch):
 
         torchrun_kill()
     '''))
-    database = PostgresDatabase()
-    home = tmp_path / "airflow"
-    env = {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database.url.replace("postgresql://", "postgresql+psycopg2://"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__PARALLELISM": "2",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "1",
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
-    api = AirflowApiServer(tmp_path)
-    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"{api.url}/execution/")
-    api.start()
-    others = [
-        subprocess.Popen([sys.executable, "-m", "airflow", command], env=dict(os.environ),
-                         stdout=open(tmp_path / f"{command}.log", "a"), stderr=subprocess.STDOUT, start_new_session=True)
-        for command in ("scheduler", "dag-processor")
-    ]
-    try:
+    with airflow_deployment(tmp_path, dags, monkeypatch) as api:
         yield api, marker
-    finally:
-        api.stop()
-        for proc in others:
-            _stop(proc)
-        database.close()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    import signal
-
-    from pipeline.launch.guard import descendants
-
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=10)
-
-
-def _wait(condition, what: str, timeout_s: float = 180):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _trigger_and_wait_for_ranks(api: AirflowApiServer, marker: str) -> tuple[str, set[int]]:

@@ -8,15 +8,11 @@ database of their own, with this project's two tabular DAG files.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.services import AirflowApiServer, PostgresDatabase
+from tests.services import airflow_deployment, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -35,59 +31,16 @@ def deployment(tmp_path, monkeypatch):
     dags.mkdir()
     for name in ("tabular_daily_prep.py", "tabular_mlp.py"):
         (dags / name).symlink_to(settings.PROJECT_ROOT / "dags" / name)
-    database = PostgresDatabase()
     env = {
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database.url.replace("postgresql://", "postgresql+psycopg2://"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__PARALLELISM": "2",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "1",
         "PIPELINE_DAILY_START_DATE": days[0],  # catchup: exactly the two days written above
         "PIPELINE_RETRY_DELAY_S": "1",
     }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
-    api = AirflowApiServer(tmp_path)
-    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", f"{api.url}/execution/")
-    api.start()
-    others = [
-        subprocess.Popen([sys.executable, "-m", "airflow", command], env=dict(os.environ),
-                         stdout=open(tmp_path / f"{command}.log", "a"), stderr=subprocess.STDOUT, start_new_session=True)
-        for command in ("scheduler", "dag-processor")
-    ]
-    try:
+    with airflow_deployment(tmp_path, dags, monkeypatch, env) as api:
         yield api, days
-    finally:
-        api.stop()
-        for proc in others:
-            _stop(proc)
-        database.close()
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    import signal
-
-    from pipeline.launch.guard import descendants
-
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=10)
-
-
-def _wait(condition, what: str, timeout_s: float = 420):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+def _wait(condition, what: str):
+    return wait_for(condition, what, timeout_s=420, poll_s=1)
 
 
 def _runs(api, dag_id: str) -> list[dict]:
