@@ -10,24 +10,15 @@ from pipeline.config import DataConfig
 from pipeline.data import prep, splits
 from pipeline.data.reading import TrainingData
 from pipeline.errors import DataError
+from tests.datafiles import table as make_table
 
 
 def _cfg(path: Path, **overrides) -> DataConfig:
     return DataConfig(input_path=str(path), label_column="label", shard_size_limit_bytes=1 << 12, **overrides)
 
 
-def _table(rows: int = 600, seed: int = 0) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    return pa.table({
-        "a": rng.normal(size=rows),
-        "b": rng.integers(0, 100, rows),
-        "color": rng.choice(["red", "green", "blue"], rows),
-        "label": rng.choice(["cat", "dog"], rows),
-    })
-
-
 def test_parquet_to_mds_round_trip(tmp_path):
-    table = _table()
+    table = make_table()
     pq.write_table(table, tmp_path / "in.parquet", row_group_size=100)
     manifest = prep.prepare(_cfg(tmp_path / "in.parquet", batch_rows=128), name="t", out_root=tmp_path / "out")
     dataset_dir = Path(manifest["uri"].removeprefix("file://"))
@@ -57,7 +48,7 @@ def test_parquet_to_mds_round_trip(tmp_path):
 
 
 def test_statistics_come_from_the_training_split(tmp_path):
-    pq.write_table(_table(), tmp_path / "in.parquet")
+    pq.write_table(make_table(), tmp_path / "in.parquet")
     manifest = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     dataset_dir = Path(manifest["uri"].removeprefix("file://"))
     preprocessing = prep.read_preprocessing(dataset_dir)
@@ -67,7 +58,7 @@ def test_statistics_come_from_the_training_split(tmp_path):
 
 
 def test_same_inputs_give_the_same_version_and_skip_the_work(tmp_path):
-    pq.write_table(_table(), tmp_path / "in.parquet")
+    pq.write_table(make_table(), tmp_path / "in.parquet")
     first = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     index = (Path(first["uri"].removeprefix("file://")) / "train" / "index.json").read_bytes()
     second = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
@@ -89,7 +80,7 @@ def test_splits_are_stable_when_rows_are_appended():
 
 
 def test_a_key_column_assigns_splits_by_key_not_position(tmp_path):
-    table = _table(300).append_column("id", pa.array([f"user-{i}" for i in range(300)]))
+    table = make_table(300).append_column("id", pa.array([f"user-{i}" for i in range(300)]))
     pq.write_table(table, tmp_path / "a.parquet")
     reversed_table = table.take(pa.array(range(299, -1, -1)))
     pq.write_table(reversed_table, tmp_path / "b.parquet")
@@ -107,12 +98,12 @@ def test_a_key_column_assigns_splits_by_key_not_position(tmp_path):
     "make, expected",
     [
         (lambda d: d / "nope.parquet", "does not exist"),
-        (lambda d: _write(d, _table().drop_columns(["label"])), "data.label_column 'label' is not a column; the columns are ['a', 'b', 'color']"),
-        (lambda d: _write(d, _table().append_column("ts", pa.array(np.arange(600).astype("datetime64[s]")))), "feature column 'ts' has type timestamp[ms]; features must be numeric"),
-        (lambda d: _write(d, _table().set_column(0, "a", pa.array([1.0] * 599 + [float("nan")]))), "row 599, column 'a': value nan; expected a finite number"),
-        (lambda d: _write(d, _table().set_column(3, "label", pa.array([1.5] * 600))), "label column 'label' has type double"),
-        (lambda d: _write(d, _table().set_column(3, "label", pa.array(["x"] * 600))), "expected at least 2 classes"),
-        (lambda d: _write(d, _table().slice(0, 0)), "the input has no rows"),
+        (lambda d: _write(d, make_table().drop_columns(["label"])), "data.label_column 'label' is not a column; the columns are ['a', 'b', 'color']"),
+        (lambda d: _write(d, make_table().append_column("ts", pa.array(np.arange(600).astype("datetime64[s]")))), "feature column 'ts' has type timestamp[ms]; features must be numeric"),
+        (lambda d: _write(d, make_table().set_column(0, "a", pa.array([1.0] * 599 + [float("nan")]))), "row 599, column 'a': value nan; expected a finite number"),
+        (lambda d: _write(d, make_table().set_column(3, "label", pa.array([1.5] * 600))), "label column 'label' has type double"),
+        (lambda d: _write(d, make_table().set_column(3, "label", pa.array(["x"] * 600))), "expected at least 2 classes"),
+        (lambda d: _write(d, make_table().slice(0, 0)), "the input has no rows"),
     ],
     ids=["missing-file", "missing-label", "non-numeric-feature", "nan-feature", "float-label", "one-class", "empty"],
 )
@@ -132,7 +123,7 @@ def _write(directory: Path, table: pa.Table) -> Path:
 
 
 def test_a_folder_of_parquet_files_is_one_input(tmp_path):
-    table = _table(400)
+    table = make_table(400)
     (tmp_path / "in").mkdir()
     pq.write_table(table.slice(0, 250), tmp_path / "in" / "part-0.parquet")
     pq.write_table(table.slice(250), tmp_path / "in" / "part-1.parquet")
