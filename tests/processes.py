@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+from pipeline.processes import stat
+
 
 def cmdline(pid: int) -> bytes:
     try:
@@ -28,5 +30,4 @@ def wait_until_gone(marker: str, timeout_s: float = 10) -> list[int]:
 
 
 def parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return stat(pid)[1]

@@ -33,6 +33,7 @@ from pipeline.config import DataConfig
 from pipeline.data import mds, sources, splits
 from pipeline.data.stats import MISSING, Stats
 from pipeline.errors import ConfigError, DataError
+from pipeline.processes import alive
 
 log = logging.getLogger(__name__)
 
@@ -150,19 +151,9 @@ def remove_stale_temporaries(parent: Path) -> None:
             age_s = time.time() - path.stat().st_mtime
         except (ValueError, OSError):
             continue
-        if (writer_host == host and not _alive(int(pid))) or age_s > STALE_TMP_S:
+        if (writer_host == host and not alive(int(pid))) or age_s > STALE_TMP_S:
             log.info("removing %s, left by a writer that is gone", path)
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _describe(f: sources.SourceFile) -> dict[str, Any]:
@@ -379,7 +370,7 @@ def _init_worker(parent_pid: int) -> None:
     pa.set_cpu_count(1)
 
     def watch() -> None:
-        while _alive(parent_pid):
+        while alive(parent_pid):
             time.sleep(1)
         os._exit(1)
 
@@ -387,7 +378,7 @@ def _init_worker(parent_pid: int) -> None:
 
 
 def _parent_gone(plan: Plan) -> bool:
-    return plan.parent_pid != os.getpid() and not _alive(plan.parent_pid)
+    return plan.parent_pid != os.getpid() and not alive(plan.parent_pid)
 
 
 def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:

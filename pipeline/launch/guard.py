@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from pipeline.processes import descendants
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -29,25 +31,6 @@ def _prctl(option: int, value: int) -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):  # not Linux: the launcher's own stop path still applies
         return False
-
-
-def descendants(root: int) -> list[int]:
-    """Live (non-zombie) descendants of ``root``, parents before children."""
-    children: dict[int, list[int]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(pid))
-    found, queue = [], list(children.get(root, []))
-    while queue:
-        pid = queue.pop(0)
-        found.append(pid)
-        queue.extend(children.get(pid, []))
-    return found
 
 
 def _signal_all(pids: list[int], signum: int) -> None:

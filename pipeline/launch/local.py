@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 from pipeline import settings
 from pipeline.errors import TrainingFailed, TrainingStalled
 from pipeline.launch.shm import clean_stale_shared_memory
+from pipeline.processes import alive, descendants
 from pipeline.train.progress import DUMP_SIGNAL, PROGRESS_DIR_ENV, read_heartbeats
 
 log = logging.getLogger(__name__)
@@ -260,8 +261,6 @@ def rank_failure(torchrun_log_dir: Path) -> str | None:
 def stop_group(proc: subprocess.Popen, grace_period_s: float) -> None:
     """Stop the guard and so the whole job: SIGTERM, then wait while the guard stops every descendant
     (SIGTERM, the grace period, SIGKILL); SIGKILL whatever is left if the guard cannot finish."""
-    from pipeline.launch.guard import descendants
-
     if proc.poll() is not None and not _group_alive(proc.pid):
         return
     tree = descendants(proc.pid)  # remembered: they lose this parent if the guard dies first
@@ -272,7 +271,7 @@ def stop_group(proc: subprocess.Popen, grace_period_s: float) -> None:
     deadline = time.monotonic() + grace_period_s + 5
     while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
         time.sleep(0.1)
-    survivors = [pid for pid in [proc.pid, *tree, *descendants(proc.pid)] if _alive(pid)]
+    survivors = [pid for pid in [proc.pid, *tree, *descendants(proc.pid)] if alive(pid)]
     if survivors:
         log.warning("%d process(es) of the job still alive after the grace period: sending SIGKILL", len(survivors))
         for pid in survivors:
@@ -291,14 +290,6 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def _pump(proc: subprocess.Popen, emit: Callable[[str], None], tail: collections.deque) -> None:

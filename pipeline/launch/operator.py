@@ -10,7 +10,6 @@ so a script that checkpoints there resumes on an Airflow retry.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -18,15 +17,15 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from pipeline import settings
-
 RESULT_FILE = "result.json"
 
 
 def job_dir(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Path:
-    """The folder of one task's training job: the same on every try of that task instance."""
-    safe = lambda value: re.sub(r"[^A-Za-z0-9._-]+", "_", value)  # noqa: E731
-    folder = settings.runs_dir() / safe(dag_id) / safe(run_id) / safe(task_id)
+    """The folder of one task's training job, inside the DAG run's working folder: the same on
+    every try of that task instance."""
+    from pipeline.stages import RunInfo
+
+    folder = RunInfo(dag_id=dag_id, run_id=run_id).workdir / task_id
     return folder / f"map-{map_index}" if map_index >= 0 else folder
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -22,7 +21,6 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 MARKER = "COMPLETE"  # written last; holds the state file's size and sha256
@@ -87,8 +85,6 @@ class CheckpointStore:
             try:
                 state = _load_verified(path, map_location)
             except Exception as exc:  # a damaged file must not end the job: an older one may be fine
-                log.warning("checkpoint %s is damaged (%s: %s); trying the previous one", path,
-                            type(exc).__name__, exc)
                 print(f"WARNING: checkpoint {path} is damaged ({type(exc).__name__}: {exc}); "
                       f"falling back to the previous one", flush=True)
                 continue

@@ -62,15 +62,6 @@ def train(cfg: PipelineConfig, *, datasets: list[str], out_dir: Path) -> dict[st
         distributed.teardown(ctx)
 
 
-def _lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int) -> float:
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "cosine":
-        progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
-        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    return 1.0
-
-
 def _autocast(ctx, tc: TrainConfig):
     use_bf16 = tc.precision == "bf16" or (
         tc.precision == "auto" and ctx.device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -234,7 +225,12 @@ class _LrFactor:
         self.schedule, self.warmup_steps, self.total_steps = tc.lr_schedule, tc.warmup_steps, total_steps
 
     def __call__(self, step: int) -> float:
-        return _lr_factor(step, schedule=self.schedule, warmup_steps=self.warmup_steps, total_steps=self.total_steps)
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "cosine":
+            progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
 
 
 def _next_micro_batches(batches, count: int) -> list[dict[str, torch.Tensor]]:
@@ -275,20 +271,19 @@ def _save(ctx, store: CheckpointStore, cfg: PipelineConfig, step: int, epoch: in
 
 def _resume(ctx, store: CheckpointStore, cfg: PipelineConfig, model, optimizer, scheduler, loader) -> dict[str, Any] | None:
     """Load the newest intact checkpoint of this job, if any; every rank loads the one rank 0 chose."""
-    chosen = None
+    found = None
     if ctx.is_main:
         found = store.load_latest()
         if found and found.state.get("config_digest") != cfg.digest():
             print(f"WARNING: ignoring checkpoints in {store.root}: written with config digest "
                   f"{found.state.get('config_digest')}, this run's is {cfg.digest()}", flush=True)
             found = None
-        chosen = str(found.path) if found else None
-    chosen = distributed.broadcast_object(ctx, chosen)
+    chosen = distributed.broadcast_object(ctx, str(found.path) if found else None)
     if chosen is None:
         return None
     from pipeline.train.checkpoint import load_state
 
-    state = load_state(Path(chosen))
+    state = found.state if found else load_state(Path(chosen))
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

@@ -25,6 +25,10 @@ def peak_flops(device) -> float | None:
     return None
 
 
+def _empty() -> dict:
+    return {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "start": time.perf_counter()}
+
+
 @dataclass
 class Throughput:
     """Accumulates one rank's timings between ``window()`` calls and over the whole run.
@@ -36,8 +40,8 @@ class Throughput:
     world_size: int = 1
     flops_per_sample: float | None = None
     peak_flops_per_s: float | None = None
-    _window: dict = field(default_factory=lambda: {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "start": time.perf_counter()})
-    _total: dict = field(default_factory=lambda: {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "start": time.perf_counter()})
+    _window: dict = field(default_factory=lambda: _empty())
+    _total: dict = field(default_factory=lambda: _empty())
 
     def data_wait(self, seconds: float) -> None:
         """Time this rank spent blocked on the data loader."""
@@ -54,7 +58,7 @@ class Throughput:
     def window(self) -> dict[str, float]:
         """Figures since the previous call (for progress lines and step metrics); starts a new window."""
         figures = self._figures(self._window)
-        self._window = {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "start": time.perf_counter()}
+        self._window = _empty()
         return figures
 
     def summary(self) -> dict[str, float]:

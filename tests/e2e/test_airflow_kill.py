@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
+from pipeline.processes import alive
 from tests.processes import pids_with
 from tests.services import AirflowApiServer, airflow_deployment, wait_for as _wait
 
@@ -66,14 +66,7 @@ def _task_instance(api, run_id: str) -> dict:
 
 
 def _still_alive(pids: set[int]) -> set[int]:
-    return {pid for pid in pids if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)}
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
+    return {pid for pid in pids if alive(pid)}
 
 
 def test_marking_a_running_task_failed_or_clearing_it_stops_every_rank(airflow):
