@@ -12,12 +12,12 @@ import hashlib
 import json
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pipeline.errors import ConfigError
 
 
-def _field(default: Any, help: str, **rules: Any) -> Any:
+def config_field(default: Any, help: str, **rules: Any) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help, **rules})
     return field(default=default, metadata={"help": help, **rules})
@@ -25,98 +25,109 @@ def _field(default: Any, help: str, **rules: Any) -> Any:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    input_path: str = _field(
+    input_path: str = config_field(
         "", "Input rows: a file, a folder (hive partitions such as dt=2026-11-29/ included) or an fsspec URI "
         "(file://, s3://, ...) of Parquet, CSV, JSON Lines, IDX image/label files or class-folders of images."
     )
-    format: str = _field(
+    format: str = config_field(
         "auto", "Input format; auto decides from the file names.",
         choices=["auto", "parquet", "csv", "jsonl", "idx", "image_folder"],
     )
-    columns: list[str] = _field([], "Columns the input must have, no more and no fewer; empty takes the first file's.")
-    label_column: str = _field("label", "Column holding the class label (integers or strings).")
-    categorical_columns: list[str] = _field(
+    columns: list[str] = config_field([], "Columns the input must have, no more and no fewer; empty takes the first file's.")
+    label_column: str = config_field("label", "Column holding the class label (integers or strings).")
+    categorical_columns: list[str] = config_field(
         [], "Feature columns to encode with a vocabulary; empty means every string column."
     )
-    key_column: str = _field("", "Column whose hash assigns rows to splits; empty uses row position.")
-    val_fraction: float = _field(0.1, "Fraction of rows in the validation split.", min=0.0, max=0.5)
-    test_fraction: float = _field(0.1, "Fraction of rows in the test split.", min=0.01, max=0.5)
-    split_seed: int = _field(0, "Salt of the split hash; change it to draw other splits.", min=0)
-    shard_size_limit_bytes: int = _field(
+    key_column: str = config_field("", "Column whose hash assigns rows to splits; empty uses row position.")
+    val_fraction: float = config_field(0.1, "Fraction of rows in the validation split.", min=0.0, max=0.5)
+    test_fraction: float = config_field(0.1, "Fraction of rows in the test split.", min=0.01, max=0.5)
+    split_seed: int = config_field(0, "Salt of the split hash; change it to draw other splits.", min=0)
+    shard_size_limit_bytes: int = config_field(
         1 << 26, "Largest MDS shard before compression.", min=1 << 10, max=1 << 32
     )
-    compression: str = _field("zstd", "MDS shard compression.", choices=["zstd", "gz", "bz2", "none"])
-    batch_rows: int = _field(65_536, "Rows per Arrow record batch read from the input.", min=1)
-    column_encodings: list[str] = _field(
+    compression: str = config_field("zstd", "MDS shard compression.", choices=["zstd", "gz", "bz2", "none"])
+    batch_rows: int = config_field(65_536, "Rows per Arrow record batch read from the input.", min=1)
+    column_encodings: list[str] = config_field(
         [], "MDS encodings that replace the inferred ones, as COLUMN:ENCODING (x0:float32, image:png); "
         "pickle is refused."
     )
-    label_classes: list[str] = _field(
+    label_classes: list[str] = config_field(
         [], "The label's allowed classes; a row with another label is bad. Empty takes the classes found."
     )
-    on_bad_rows: str = _field(
+    on_bad_rows: str = config_field(
         "fail", "fail: the first bad row fails the run, naming file, row, column and value; quarantine: bad "
         "rows go to quarantine.parquet beside the dataset.", choices=["fail", "quarantine"],
     )
-    max_bad_fraction: float = _field(
+    max_bad_fraction: float = config_field(
         0.01, "With quarantine, the run fails when more than this fraction of rows is bad.", min=0.0, max=1.0
     )
-    workers: int = _field(2, "Processes converting input units in parallel, the preparing one included.", min=1, max=256)
-    unit_bytes: int = _field(
+    workers: int = config_field(2, "Processes converting input units in parallel, the preparing one included.", min=1, max=256)
+    unit_bytes: int = config_field(
         16 << 20, "Uncompressed input bytes per work unit (whole Parquet row groups, IDX rows, image files; "
         "a CSV or JSON Lines file is one unit). Workers share out units; the output depends on this, not on "
         "the worker count.", min=1,
     )
-    partition_key: str = _field("dt", "Hive partition key (folders KEY=DATE) that a DAG run's data interval selects.")
-    window_intervals: int = _field(
+    partition_key: str = config_field("dt", "Hive partition key (folders KEY=DATE) that a DAG run's data interval selects.")
+    window_intervals: int = config_field(
         3, "Intervals of daily datasets an asset-triggered training run reads, newest last.", min=1, max=366
     )
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    epochs: int = _field(5, "Passes over the training split.", min=1, max=1000)
-    batch_size: int = _field(256, "Samples per step on each rank.", min=1, max=65_536)
-    learning_rate: float = _field(3e-3, "AdamW learning rate.", min=1e-7, max=1.0)
-    weight_decay: float = _field(1e-4, "AdamW weight decay.", min=0.0, max=1.0)
-    hidden_sizes: list[int] = _field([128, 64], "Widths of the hidden layers.", min=1, max=8192)
-    dropout: float = _field(0.1, "Dropout after each hidden layer.", min=0.0, max=0.9)
-    seed: int = _field(0, "Random seed; rank r seeds with seed + r.", min=0)
-    log_every_steps: int = _field(50, "Steps between progress lines in the log (and step metrics in MLflow).", min=1)
-    metrics_flush_timeout_s: float = _field(
+    epochs: int = config_field(5, "Passes over the training split.", min=1, max=1000)
+    batch_size: int = config_field(256, "Samples per step on each rank.", min=1, max=65_536)
+    learning_rate: float = config_field(3e-3, "AdamW learning rate.", min=1e-7, max=1.0)
+    weight_decay: float = config_field(1e-4, "AdamW weight decay.", min=0.0, max=1.0)
+    seed: int = config_field(0, "Random seed; rank r seeds with seed + r.", min=0)
+    log_every_steps: int = config_field(50, "Steps between progress lines in the log (and step metrics in MLflow).", min=1)
+    metrics_flush_timeout_s: float = config_field(
         120.0, "How long the end of training waits for buffered metrics to reach MLflow before it "
         "spills them to a file that register_model replays.", min=0.0,
     )
-    grad_accum_steps: int = _field(
+    grad_accum_steps: int = config_field(
         1, "Micro-batches per optimizer step (gradients accumulated; DDP syncs only on the last).", min=1, max=1024,
     )
-    lr_schedule: str = _field("constant", "Learning-rate schedule after warm-up.", choices=["constant", "cosine"])
-    warmup_steps: int = _field(0, "Optimizer steps of linear learning-rate warm-up.", min=0)
-    precision: str = _field(
+    lr_schedule: str = config_field("constant", "Learning-rate schedule after warm-up.", choices=["constant", "cosine"])
+    warmup_steps: int = config_field(0, "Optimizer steps of linear learning-rate warm-up.", min=0)
+    precision: str = config_field(
         "auto", "Math precision; auto is bf16 autocast on a GPU that supports it, fp32 otherwise.",
         choices=["auto", "fp32", "bf16"],
     )
-    num_workers: int = _field(0, "Data loader worker processes per rank.", min=0, max=64)
-    checkpoint_every_steps: int = _field(
+    num_workers: int = config_field(0, "Data loader worker processes per rank.", min=0, max=64)
+    checkpoint_every_steps: int = config_field(
         200, "Optimizer steps between checkpoints (one is also written at every epoch end); 0 writes only those.",
         min=0,
     )
-    keep_checkpoints: int = _field(3, "Complete checkpoints kept; older ones are deleted.", min=1, max=100)
+    keep_checkpoints: int = config_field(3, "Complete checkpoints kept; older ones are deleted.", min=1, max=100)
 
 
 @dataclass(kw_only=True)
 class LaunchConfig:
-    nproc_per_node: int = _field(2, "Training processes (ranks) on this node.", min=1, max=64)
-    backend: str = _field(
+    """Where and how the ranks run: one definition for the pipeline's train stage, ``TorchrunOperator``
+    and ``@task.torchrun`` (their keyword arguments are these fields)."""
+
+    kind: str = config_field("local", "Launcher: local runs torchrun as processes of this worker.", choices=["local"])
+    nnodes: int = config_field(1, "Nodes (machines) of the job; more than one needs rdzv_endpoint.", min=1, max=1024)
+    nproc_per_node: int = config_field(2, "Training processes (ranks) on each node.", min=1, max=64)
+    node_rank: int = config_field(0, "This node's rank when the local launcher joins a multi-node job.", min=0)
+    rdzv_endpoint: str = config_field("", "HOST:PORT of the c10d rendezvous of a multi-node job; empty for one node.")
+    gpus_per_node: int = config_field(
+        0, "GPUs each node must have (one per rank is usual); 0 runs on whatever the node has, CPU included.",
+        min=0, max=64,
+    )
+    cpus_per_node: float = config_field(0.0, "CPU cores each node asks for (where the launcher schedules); 0: no request.", min=0.0)
+    memory_per_node_gb: float = config_field(0.0, "Memory each node asks for, in GiB (where the launcher schedules); 0: no request.", min=0.0)
+    backend: str = config_field(
         "auto", "Process-group backend; auto picks nccl with a GPU, gloo without.",
         choices=["auto", "gloo", "nccl"],
     )
-    timeout_s: int = _field(24 * 3600, "Longest a training job may run before it is stopped.", min=1)
-    grace_period_s: float = _field(10.0, "Seconds between SIGTERM and SIGKILL when stopping ranks.", min=0.0)
-    max_restarts: int = _field(
+    timeout_s: int = config_field(24 * 3600, "Longest a training job may run before it is stopped.", min=1)
+    grace_period_s: float = config_field(10.0, "Seconds between SIGTERM and SIGKILL when stopping ranks.", min=0.0)
+    max_restarts: int = config_field(
         0, "Times torchrun restarts all ranks after one fails; they resume from the last checkpoint.", min=0, max=100,
     )
-    stall_timeout_s: float = _field(
+    stall_timeout_s: float = config_field(
         600.0, "Stop the job and fail the attempt (retryable) when no training step completes for this "
         "long; 0 disables the watchdog.", min=0.0,
     )
@@ -124,39 +135,56 @@ class LaunchConfig:
 
 @dataclass(kw_only=True)
 class RegistryConfig:
-    model_name: str = _field("tabular_mlp", "Registered model name in MLflow.")
-    experiment: str = _field("tabular_mlp", "MLflow experiment of the training runs.")
+    model_name: str = config_field("tabular_mlp", "Registered model name in MLflow.")
+    experiment: str = config_field("tabular_mlp", "MLflow experiment of the training runs.")
 
 
 @dataclass(kw_only=True)
 class EvaluateConfig:
-    metric: str = _field(
-        "accuracy", "Primary metric that decides promotion (its direction is known: log_loss is lower-better).",
-        choices=["accuracy", "macro_f1", "log_loss"],
+    metric: str = config_field(
+        "accuracy", "Primary metric that decides promotion; one of the recipe's metrics, whose directions are known "
+        "(log_loss is lower-better).",
     )
-    min_improvement: float = _field(
+    min_improvement: float = config_field(
         -0.01, "Least gain over the champion on the primary metric; negative tolerates that much regression.",
         min=-1.0, max=1.0,
     )
-    guardrails: list[str] = _field(
-        ["macro_f1"], "Metrics that must not regress beyond guardrail_tolerance.",
-        choices=["accuracy", "macro_f1", "log_loss"],
-    )
-    guardrail_tolerance: float = _field(0.02, "Largest allowed regression of a guardrail metric.", min=0.0, max=1.0)
-    require_approval: bool = _field(
+    guardrails: list[str] = config_field(["macro_f1"], "Metrics that must not regress beyond guardrail_tolerance; the recipe's metrics.")
+    guardrail_tolerance: float = config_field(0.02, "Largest allowed regression of a guardrail metric.", min=0.0, max=1.0)
+    require_approval: bool = config_field(
         False, "Ask a person (Airflow human-in-the-loop) before moving the champion; no answer in 24 h rejects.",
     )
 
 
 @dataclass(kw_only=True)
+class ModelConfig:
+    """A recipe's ``model`` section: each recipe subclasses it with its own fields."""
+
+
+@dataclass(kw_only=True)
 class PipelineConfig:
+    """The whole config of one recipe's run. A recipe subclasses it to give ``model`` its own type and
+    ``METRICS`` its metrics (name -> higher is better), which the gate's ``evaluate.*`` names must use."""
+
+    METRICS: ClassVar[dict[str, bool]] = {}
+    RECIPE: ClassVar[str] = ""  # the registered recipe this config is of (pipeline.recipes)
+
     data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
+    def __post_init__(self) -> None:
+        if not self.METRICS:
+            return
+        for name, value in [("evaluate.metric", self.evaluate.metric)] + [
+                (f"evaluate.guardrails[{i}]", g) for i, g in enumerate(self.evaluate.guardrails)]:
+            if value not in self.METRICS:
+                raise ConfigError(f"{name}={value!r}: expected one of this recipe's metrics {sorted(self.METRICS)}")
+
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
@@ -164,22 +192,89 @@ class PipelineConfig:
         return _build(cls, raw, prefix="")
 
     def with_overrides(self, overrides: dict[str, Any]) -> PipelineConfig:
-        """A copy with dotted keys (``{"train.learning_rate": 3e-4}``) replaced, validated."""
+        """A copy with dotted keys (``{"train.learning_rate": 3e-4, "model.depth": 2}``) replaced, validated."""
         merged = self.to_dict()
         for dotted, value in overrides.items():
-            section, _, name = dotted.partition(".")
-            if section not in merged or not name:
-                raise ConfigError(
-                    f"unknown config key {dotted!r}: expected SECTION.FIELD with SECTION one of "
-                    f"{sorted(merged)}"
-                )
-            merged[section][name] = value
-        return PipelineConfig.from_dict(merged)
+            *path, name = dotted.split(".")
+            node, where = merged, []
+            for part in path:
+                if not isinstance(node.get(part), dict):
+                    break
+                node, where = node[part], where + [part]
+            else:
+                if name in node and not isinstance(node[name], dict):
+                    node[name] = value
+                    continue
+            prefix = ".".join(where)
+            fields = sorted(f"{prefix}.{k}" if prefix else k for k in node)
+            raise ConfigError(f"unknown config key {dotted!r}: the keys that exist here are {fields}")
+        return type(self).from_dict(merged)
 
     def digest(self) -> str:
         """Short content hash of the config, for lineage tags and cache keys."""
         blob = json.dumps(self.to_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    def flat(self) -> dict[str, Any]:
+        """Every field as a dotted key (``model.depth``): what MLflow records as the run's params."""
+        return flatten(self.to_dict())
+
+    @classmethod
+    def from_flat(cls, params: dict[str, str]) -> PipelineConfig:
+        """The config back from MLflow params (dotted keys, values as text)."""
+        defaults = cls().flat()
+        overrides = {}
+        for key, text in params.items():
+            if key not in defaults:
+                continue  # params the pipeline adds beside the config (launch.world_size)
+            try:
+                value = json.loads(text)
+            except (TypeError, json.JSONDecodeError):
+                value = text
+            overrides[key] = text if isinstance(defaults[key], str) else value
+        return cls().with_overrides(overrides)
+
+    @classmethod
+    def field_rules(cls, dotted: str) -> tuple[Any, dict[str, Any]]:
+        """The type and metadata (help, min, max, choices) of a dotted config field."""
+        owner: Any = cls
+        *path, name = dotted.split(".")
+        for part in path:
+            owner = typing.get_type_hints(owner)[part]
+        meta = dict({f.name: f.metadata for f in dataclasses.fields(owner)}[name])
+        if dotted in ("evaluate.metric", "evaluate.guardrails") and cls.METRICS:
+            meta["choices"] = sorted(cls.METRICS)
+        return typing.get_type_hints(owner)[name], meta
+
+    @classmethod
+    def param_schema(cls, dotted: str, default: Any) -> dict[str, Any]:
+        """JSON-schema keywords for an Airflow ``Param`` mirroring a config field's rules."""
+        hint, rules = cls.field_rules(dotted)
+        json_types = {int: "integer", float: "number", str: "string", bool: "boolean"}
+        bounds = {"minimum": rules.get("min"), "maximum": rules.get("max")}
+        bound_kw = {k: v for k, v in bounds.items() if v is not None}
+        if typing.get_origin(hint) is list:
+            (item_type,) = typing.get_args(hint)
+            items = {"type": json_types[item_type], **bound_kw}
+            if "choices" in rules:
+                items["enum"] = list(rules["choices"])
+            schema = {"type": "array", "items": items, "minItems": 1}
+        else:
+            schema = {"type": json_types[hint], **bound_kw}
+            if "choices" in rules:
+                schema["enum"] = list(rules["choices"])
+        return {"default": default, "description": rules["help"], **schema}
+
+
+def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"depth": 2}}`` -> ``{"model.depth": 2}``, at any depth."""
+    flat: dict[str, Any] = {}
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def parse_set_args(items: list[str]) -> dict[str, Any]:
@@ -252,28 +347,3 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         if isinstance(value, str):
             return value
     raise ConfigError(f"{name}={value!r}: expected {hint.__name__}, got {type(value).__name__}")
-
-
-def field_rules(dotted: str) -> tuple[Any, typing.Mapping[str, Any]]:
-    """The type and metadata (help, min, max, choices) of a dotted config field."""
-    section, _, name = dotted.partition(".")
-    section_cls = typing.get_type_hints(PipelineConfig)[section]
-    meta = {f.name: f.metadata for f in dataclasses.fields(section_cls)}[name]
-    return typing.get_type_hints(section_cls)[name], meta
-
-
-def param_schema(dotted: str, default: Any) -> dict[str, Any]:
-    """JSON-schema keywords for an Airflow ``Param`` mirroring a config field's rules."""
-    hint, rules = field_rules(dotted)
-    json_types = {int: "integer", float: "number", str: "string", bool: "boolean"}
-    bounds = {k: rules[k] for k in ("min", "max") if k in rules}
-    bound_kw = {"minimum": bounds.get("min"), "maximum": bounds.get("max")}
-    bound_kw = {k: v for k, v in bound_kw.items() if v is not None}
-    if typing.get_origin(hint) is list:
-        (item_type,) = typing.get_args(hint)
-        schema = {"type": "array", "items": {"type": json_types[item_type], **bound_kw}, "minItems": 1}
-    else:
-        schema = {"type": json_types[hint], **bound_kw}
-        if "choices" in rules:
-            schema["enum"] = list(rules["choices"])
-    return {"default": default, "description": rules["help"], **schema}

@@ -1,4 +1,18 @@
-"""The two kinds of failure: a user's mistake (do not retry) and an infrastructure fault (retry)."""
+"""The two kinds of failure: a user's mistake (do not retry) and an infrastructure fault (retry).
+
+The kind survives the process boundary: a rank that raises a ``UserError`` writes it to
+``$PIPELINE_ERROR_DIR/rank-R.json`` (``user_errors_reported``) before it dies; the launcher finds the
+file and raises ``RankUserError``, so neither torchrun restarts nor Airflow retries follow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+ERROR_DIR_ENV = "PIPELINE_ERROR_DIR"
 
 
 class PipelineError(Exception):
@@ -17,6 +31,10 @@ class DataError(UserError):
     """Input data that is missing, malformed or of the wrong type."""
 
 
+class RankUserError(UserError):
+    """A rank of a training job failed with a user error (its type and message are in this one's)."""
+
+
 class InfraError(PipelineError):
     """A fault of the machines or services around the job: worth a retry."""
 
@@ -27,3 +45,34 @@ class TrainingFailed(InfraError):
 
 class TrainingStalled(TrainingFailed):
     """No training step completed for longer than the stall timeout; the ranks were stopped."""
+
+
+@contextlib.contextmanager
+def user_errors_reported():
+    """In a rank: record a ``UserError`` escaping the block where the launcher looks, then re-raise it."""
+    try:
+        yield
+    except UserError as exc:
+        directory = os.environ.get(ERROR_DIR_ENV)
+        if directory:
+            rank = os.environ.get("RANK", "0")
+            path = Path(directory) / f"rank-{rank}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"rank": int(rank), "type": type(exc).__name__, "message": str(exc)}))
+            os.replace(tmp, path)
+        raise
+
+
+def reported_user_error(directory: Path) -> RankUserError | None:
+    """The user error a rank reported in ``directory`` (the lowest rank's), if any."""
+    found = []
+    for path in Path(directory).glob("rank-*.json"):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return None
+    first = min(found, key=lambda e: e["rank"])
+    return RankUserError(f"rank {first['rank']}: {first['type']}: {first['message']}")

@@ -8,8 +8,8 @@ from typing import Any, Callable
 from airflow.sdk import BaseOperatorLink
 
 from pipeline.config import PipelineConfig
-from pipeline.errors import UserError
-from pipeline.stages import RunInfo
+from pipeline.errors import InfraError, UserError
+from pipeline.run import RunInfo
 
 
 def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str, Any]], PipelineConfig], *args: Any) -> Any:
@@ -37,14 +37,22 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
 
 
 def _mlflow_connection():
-    """The Airflow connection named by ``PIPELINE_MLFLOW_CONN_ID`` (default ``mlflow_default``), if any."""
+    """The Airflow connection named by ``PIPELINE_MLFLOW_CONN_ID`` (default ``mlflow_default``), if any.
+
+    Only a connection that does not exist falls back to the environment (or the local default); a
+    lookup that fails (the API server or a secrets backend unreachable) is a retryable fault: silently
+    using the local store instead would log and register into the wrong place."""
     from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
     conn_id = os.environ.get("PIPELINE_MLFLOW_CONN_ID", "mlflow_default")
     try:
         return BaseHook.get_connection(conn_id)
-    except Exception:  # no such connection: the environment (or the local default) is used
+    except AirflowNotFoundException:
         return None
+    except Exception as exc:
+        raise InfraError(f"looking up the Airflow connection {conn_id!r} for MLflow failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
 
 
 def mlflow_env_from_connection(conn) -> dict[str, str]:

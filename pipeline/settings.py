@@ -78,3 +78,8 @@ def apply_airflow_env(airflow_home: Path | None = None) -> dict[str, str]:
     os.environ.update(env)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     return env
+
+
+def dataset_uri(name: str) -> str:
+    """The URI of a dataset's Airflow Asset: the folder its versions are published under."""
+    return (data_dir() / name).as_uri()

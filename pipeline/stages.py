@@ -8,55 +8,19 @@ from __future__ import annotations
 
 import json
 import logging
-import re
+import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline import settings
 from pipeline.config import PipelineConfig
 from pipeline.data import dataset_uris
+from pipeline.run import RunInfo
+
+__all__ = ["RunInfo", "prepare_data", "prepare_interval", "train", "register_model", "evaluate", "promote"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """Which DAG run a stage works for: keys its MLflow run, model version and working folder."""
-
-    dag_id: str
-    run_id: str
-    try_number: int = 1
-    logical_date: str | None = None
-    data_interval_start: str | None = None
-    data_interval_end: str | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.dag_id}/{self.run_id}"
-
-    @property
-    def workdir(self) -> Path:
-        return settings.runs_dir() / self.dag_id / re.sub(r"[^A-Za-z0-9._-]+", "_", self.run_id)
-
-    @property
-    def url(self) -> str:
-        """The DAG run's page in the Airflow UI."""
-        from urllib.parse import quote
-
-        return f"{settings.airflow_base_url()}/dags/{quote(self.dag_id)}/runs/{quote(self.run_id, safe='')}"
-
-    def tags(self) -> dict[str, str]:
-        """Lineage tags shared by the MLflow run and the model version."""
-        tags = {
-            "airflow.dag_id": self.dag_id, "airflow.run_id": self.run_id, "airflow.try_number": str(self.try_number),
-            "airflow.url": self.url,
-        }
-        for key in ("logical_date", "data_interval_start", "data_interval_end"):
-            if getattr(self, key):
-                tags[f"airflow.{key}"] = getattr(self, key)
-        return tags
 
 
 def lineage_tags(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[str, str]:
@@ -82,7 +46,7 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | Non
     from pipeline.data.prep import prepare
 
     started = time.perf_counter()
-    manifest = prepare(cfg.data, name=cfg.registry.model_name, out_root=settings.data_dir())
+    manifest = prepare(cfg.data, name=cfg.RECIPE, out_root=settings.data_dir())
     return windows.summary(manifest, round(time.perf_counter() - started, 3))
 
 
@@ -102,43 +66,36 @@ def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> dict[str, 
 
 
 def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[str, Any]:
-    """Launch torchrun over ``pipeline.train`` on this node; return rank 0's result."""
-    from pipeline.launch.local import run_torchrun
+    """Run ``pipeline.train`` for the config's recipe on the configured launcher; return rank 0's result."""
+    from pipeline.launch.spec import Job, JobSpec
     from pipeline.registry import tracking
 
     started = time.perf_counter()
     with tracking.reachable("create the MLflow run"):
         mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset))
-        tracking.log_params_once(mlflow_run_id, tracking.flatten(cfg.to_dict()) | {"launch.world_size": str(cfg.launch.nproc_per_node)})
+        tracking.log_params_once(mlflow_run_id, cfg.flat() | {
+            "recipe": cfg.RECIPE, "launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)})
         tracking.log_dataset_input(
             mlflow_run_id, name=cfg.registry.model_name, digest=dataset["version"], source_uri=dataset["uri"],
             profile={"rows": dataset["rows"]},
         )
-    out_dir = run.workdir / "train"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config_path = out_dir / "config.json"
-    config_path.write_text(json.dumps(cfg.to_dict(), indent=2))
-    result_path = out_dir / "result.json"
-    result_path.unlink(missing_ok=True)  # never report a previous attempt's result
-    datasets = dataset.get("uris") or [dataset["uri"]]
-    launch = cfg.launch
-    run_torchrun(
-        ["-m", "pipeline.train", "--config", str(config_path), "--out", str(out_dir),
-         *(arg for uri in datasets for arg in ("--dataset", uri))],
-        nproc_per_node=launch.nproc_per_node,
-        max_restarts=launch.max_restarts,
-        # Checkpoints live in out_dir, keyed by DAG, run and task: a retry resumes where the last try stopped.
-        log_dir=out_dir / f"logs-try{run.try_number}",
+    # Keyed by DAG, run and task, not by try: a retry resumes from the checkpoints the last try left.
+    spec = JobSpec(
+        entry=["-m", "pipeline.train", "--recipe", cfg.RECIPE, "--config", str(run.job_dir("train") / "config.json"),
+               "--out", str(run.job_dir("train")), *(arg for uri in dataset_uris(dataset) for arg in ("--dataset", uri))],
+        job_dir=run.job_dir("train"), launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
+        try_number=run.try_number,
         # Rank 0 buffers and retries metrics itself: MLflow's own HTTP retries would stall a step.
         env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri(),
              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"},
-        timeout_s=launch.timeout_s,
-        grace_period_s=launch.grace_period_s,
-        stall_timeout_s=launch.stall_timeout_s or None,
     )
+    spec.files.root.mkdir(parents=True, exist_ok=True)
+    spec.files.config.write_text(json.dumps(cfg.to_dict(), indent=2))
+    result = Job(spec).run(log.info)
+    if result is None:
+        raise RuntimeError(f"training ended without writing {spec.files.result}")
     from pipeline.registry.links import run_url
 
-    result = json.loads(result_path.read_text())
     result["mlflow_experiment_id"] = tracking.experiment_id_of(mlflow_run_id)
     result["mlflow_url"] = run_url(result["mlflow_experiment_id"], mlflow_run_id)
     result["wall_s"] = round(time.perf_counter() - started, 3)
@@ -146,31 +103,26 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
 
 
 def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
-    """Register the trained model once per DAG run and point ``challenger`` at it."""
-    from pipeline.data.prep import PREPROCESSING
+    """Register the trained model (the recipe's self-contained package) once per DAG run and point
+    ``challenger`` at it."""
     from pipeline.data.reading import TrainingData
     from pipeline.registry import models, tracking
     from pipeline.registry.buffered import mlflow_sender, replay_spill
 
     started = time.perf_counter()
-    # The model carries the preprocessing it was trained with: the merged one of every version read.
+    spec = _train_spec(cfg)
     data = TrainingData.open(dataset_uris(dataset), run.workdir / "register" / "cache")
-    preprocessing_path = data.write_preprocessing(run.workdir / "register" / PREPROCESSING)
     with tracking.reachable("register the model"):
         replayed = replay_spill(Path(trained["unsent_metrics_path"]),
                                 mlflow_sender(tracking.client(), trained["mlflow_run_id"]))
         if replayed:
             log.info("sent %d metric values that training could not deliver", replayed)
-        version, created = models.log_and_register(
-            run_id=trained["mlflow_run_id"],
-            model_name=cfg.registry.model_name,
-            run_key=run.key,
-            model_path=trained["model_path"],
-            spec=json.loads(Path(trained["spec_path"]).read_text()),
-            preprocessing_path=str(preprocessing_path),
-            input_example=data.sample_rows,
-            tags=lineage_tags(cfg, run, dataset),
-        )
+        with tempfile.TemporaryDirectory() as tmp:
+            version, created = models.log_and_register(
+                run_id=trained["mlflow_run_id"], model_name=cfg.registry.model_name, run_key=run.key,
+                package=spec.package(trained, data, Path(tmp)),
+                tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE},
+            )
         models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
     from pipeline.registry.links import model_version_url
 
@@ -186,40 +138,44 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], t
 
 
 def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registered: dict[str, Any]) -> dict[str, Any]:
-    """Score challenger and champion on the same frozen test split, apply the gate, write the report."""
-    import mlflow.pyfunc
+    """Score challenger and champion on the same frozen test split, apply the gate, write the report.
 
+    A champion that takes other inputs (another recipe, another table's columns) is not comparable:
+    the gate fails with that reason and the run goes on to ``promote``, which keeps the champion."""
     from pipeline.data.reading import TrainingData
-    from pipeline.evaluate.gate import decide
-    from pipeline.evaluate.metrics import classification_metrics
-    from pipeline.evaluate.report import score_details, text_summary, write_report
+    from pipeline.evaluate.gate import decide, not_comparable
     from pipeline.registry import models, tracking
     from pipeline.registry.links import run_url
-    from pipeline.registry.model import PROBA_PREFIX
 
     started = time.perf_counter()
+    spec = _train_spec(cfg)
+    evaluator = spec.evaluator
     name, run_id = cfg.registry.model_name, registered["mlflow_run_id"]
     # The test split of every version the model was trained on (a window's, or the one version's).
     data = TrainingData.open(dataset_uris(dataset), run.workdir / "evaluate" / "cache")
-    frame, labels = data.frame("test")
+    inputs, labels = spec.evaluation_inputs(data, "test")
     classes = data.preprocessing["label_classes"]
-    scored: dict[str, dict[str, Any] | None] = {}
     with tracking.reachable("evaluate the registered models"):
-        for alias in (models.CHALLENGER, models.CHAMPION):
-            version = models.version_by_alias(name, alias)
-            if version is None:
-                scored[alias] = None
-                continue
-            out = mlflow.pyfunc.load_model(f"models:/{name}@{alias}").predict(frame)
-            probabilities = out[[c for c in out.columns if c.startswith(PROBA_PREFIX)]].to_numpy()
-            scored[alias] = {"version": str(version.version), "metrics": classification_metrics(labels, probabilities),
-                             "details": score_details(labels, probabilities)}
-        challenger, champion = scored[models.CHALLENGER], scored[models.CHAMPION]
-        if challenger is None or challenger["version"] != registered["version"]:
+        challenger_version = models.version_by_alias(name, models.CHALLENGER)
+        if challenger_version is None or str(challenger_version.version) != registered["version"]:
             raise RuntimeError(f"alias {models.CHALLENGER!r} of {name} no longer points at version {registered['version']}")
-        if champion is not None and champion["version"] == challenger["version"]:
-            scored[models.CHAMPION] = champion = None  # a re-run of the run that made the champion
-        decision = decide(cfg.evaluate, challenger["metrics"], champion["metrics"] if champion else None)
+        champion_version = models.version_by_alias(name, models.CHAMPION)
+        if champion_version is not None and str(champion_version.version) == registered["version"]:
+            champion_version = None  # a re-run of the run that made the champion
+        scored: dict[str, dict[str, Any] | None] = {models.CHALLENGER: _score(
+            evaluator, name, models.CHALLENGER, registered["version"], inputs, labels), models.CHAMPION: None}
+        mismatch = None
+        if champion_version is not None:
+            mismatch = _input_mismatch(name, str(champion_version.version), registered["version"])
+            if mismatch is None:
+                scored[models.CHAMPION] = _score(evaluator, name, models.CHAMPION, str(champion_version.version),
+                                                 inputs, labels)
+        challenger, champion = scored[models.CHALLENGER], scored[models.CHAMPION]
+        if mismatch:
+            decision = not_comparable(mismatch)
+        else:
+            decision = decide(cfg.evaluate, challenger["metrics"], champion["metrics"] if champion else None,
+                              evaluator.metrics)
 
         mlflow_client = tracking.client()
         metrics = {f"test_{k}": v for k, v in challenger["metrics"].items()}
@@ -227,26 +183,53 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
             metrics |= {f"champion_test_{k}": v for k, v in champion["metrics"].items()}
         tracking.log_metrics_now(run_id, metrics)
         history = {key: [(m.step, m.value) for m in mlflow_client.get_metric_history(run_id, key)]
-                   for key in ("train_loss", "val_loss", "train_accuracy", "val_accuracy")}
+                   for key in evaluator.history_keys}
         report_dir = run.workdir / "evaluate" / "report"
-        files = write_report(report_dir, model_name=name, classes=classes, scored=scored, history=history,
-                             decision=decision.to_dict())
+        files = evaluator.write_report(report_dir, model_name=name, classes=classes, scored=scored, history=history,
+                                       decision=decision.to_dict())
         for path in files:
             mlflow_client.log_artifact(run_id, str(path), artifact_path="evaluation")
         models.tag_version(name, registered["version"], decision.tags() | {
             f"test_{k}": round(v, 6) for k, v in challenger["metrics"].items()
         } | {"validation.test_rows": len(labels), "validation.dataset_version": dataset["version"]})
     log.info("evaluation of %s on %d test rows (dataset %s):\n%s", name, len(labels), dataset["version"],
-             text_summary(classes, scored, decision.to_dict()))
+             evaluator.text_summary(classes, scored, decision.to_dict()))
     return {
         "challenger": {k: challenger[k] for k in ("version", "metrics")},
         "champion": {k: champion[k] for k in ("version", "metrics")} if champion else None,
+        "champion_not_comparable": mismatch,
         "gate": decision.to_dict(),
         "test_rows": int(len(labels)),
         "report": str(report_dir / "report.html"),
         "mlflow_url": run_url(registered["mlflow_experiment_id"], run_id) + "/artifacts/evaluation/report.html",
         "wall_s": round(time.perf_counter() - started, 3),
     }
+
+
+def _train_spec(cfg: PipelineConfig):
+    from pipeline.recipes import get_recipe
+
+    return get_recipe(cfg.RECIPE).load_train_spec()
+
+
+def _score(evaluator, name: str, alias: str, version: str, inputs, labels) -> dict[str, Any]:
+    import mlflow.pyfunc
+
+    output = mlflow.pyfunc.load_model(f"models:/{name}@{alias}").predict(inputs)
+    return {"version": version, **evaluator.score(output, labels)}
+
+
+def _input_mismatch(name: str, champion: str, challenger: str) -> str | None:
+    """Why the champion cannot score the challenger's inputs, or None when both take the same ones."""
+    from pipeline.registry import models
+
+    theirs, ours = models.input_schema(name, champion), models.input_schema(name, challenger)
+    if theirs == ours:
+        return None
+    describe = lambda schema: [c.get("name", c.get("type")) for c in schema or []]  # noqa: E731
+    return (f"champion version {champion} takes inputs {describe(theirs)}, challenger version {challenger} "
+            f"takes {describe(ours)}; the champion is kept (use another model_name to keep models of other "
+            f"inputs apart)")
 
 
 def promote(
@@ -292,7 +275,7 @@ def promote(
         "promoted": promoted,
         "reason": reason,
         "report": evaluation["report"],
-        "train": {"samples_per_s": trained["samples_per_s"], "world_size": trained["world_size"],
+        "train": {"samples_per_s": trained.get("samples_per_s"), "world_size": trained["world_size"],
                   "backend": trained["backend"], "final_metrics": trained["metrics"]},
         "wall_s": {
             "prepare_data": dataset["wall_s"], "train": trained["wall_s"], "register_model": registered["wall_s"],

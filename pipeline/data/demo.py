@@ -78,3 +78,14 @@ def write_idx(directory: Path, prefix: str, images: np.ndarray, labels: np.ndarr
     for name, data in ((f"{prefix}-images-idx3-ubyte{suffix}", image_bytes), (f"{prefix}-labels-idx1-ubyte{suffix}", label_bytes)):
         (directory / name).write_bytes(gzip.compress(data) if gz else data)
     return directory
+
+
+def write_digits_idx(directory: Path, prefix: str = "digits") -> Path:
+    """scikit-learn's bundled handwritten digits (1,797 8x8 images, 10 classes) as MNIST-style IDX files.
+
+    Real data that ships with a package: nothing is downloaded. Pixel values 0..16 are scaled to 0..255."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.clip(np.rint(digits.images * (255 / 16)), 0, 255).astype(np.uint8)
+    return write_idx(Path(directory), prefix, images, digits.target.astype(np.uint8))

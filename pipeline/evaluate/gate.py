@@ -6,7 +6,6 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from pipeline.config import EvaluateConfig
-from pipeline.evaluate.metrics import HIGHER_IS_BETTER
 
 
 @dataclass(frozen=True)
@@ -33,19 +32,25 @@ class Decision:
         return asdict(self) | {"status": self.status}
 
 
-def gain(metric: str, challenger: float, champion: float) -> float:
+def gain(higher_is_better: bool, challenger: float, champion: float) -> float:
     """How much better the challenger is, in the metric's units (negative when worse)."""
-    return challenger - champion if HIGHER_IS_BETTER[metric] else champion - challenger
+    return challenger - champion if higher_is_better else champion - challenger
 
 
-def decide(cfg: EvaluateConfig, challenger: dict[str, float], champion: dict[str, float] | None) -> Decision:
+def not_comparable(reason: str) -> Decision:
+    """The champion cannot be scored on the challenger's data (another input schema): the gate fails."""
+    return Decision(False, f"champion not comparable: {reason}")
+
+
+def decide(cfg: EvaluateConfig, challenger: dict[str, float], champion: dict[str, float] | None,
+           directions: dict[str, bool]) -> Decision:
     """Pass when there is no champion, or the primary metric gains at least ``min_improvement`` and
-    no guardrail metric loses more than ``guardrail_tolerance``."""
+    no guardrail metric loses more than ``guardrail_tolerance``. ``directions``: metric -> higher is better."""
     metric = cfg.metric
     if champion is None:
         return Decision(True, f"no champion yet; challenger {metric}={challenger[metric]:.4f}",
                         {"metric": metric, "challenger": round(challenger[metric], 6)})
-    improvement = gain(metric, challenger[metric], champion[metric])
+    improvement = gain(directions[metric], challenger[metric], champion[metric])
     primary = {"metric": metric, "challenger": round(challenger[metric], 6), "champion": round(champion[metric], 6),
                "improvement": round(improvement, 6), "min_improvement": cfg.min_improvement}
     reasons = []
@@ -56,7 +61,7 @@ def decide(cfg: EvaluateConfig, challenger: dict[str, float], champion: dict[str
     )
     guardrails = []
     for name in cfg.guardrails:
-        regression = -gain(name, challenger[name], champion[name])
+        regression = -gain(directions[name], challenger[name], champion[name])
         held = regression <= cfg.guardrail_tolerance
         guardrails.append({"metric": name, "challenger": round(challenger[name], 6), "champion": round(champion[name], 6),
                            "regression": round(regression, 6), "tolerance": cfg.guardrail_tolerance, "held": held})

@@ -1,10 +1,9 @@
-"""Classification metrics from labels and predicted probabilities (numpy only)."""
+"""Classification metrics from labels and predicted probabilities (numpy; curves from scikit-learn)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-HIGHER_IS_BETTER = {"accuracy": True, "macro_f1": True, "log_loss": False}
 
 
 def classification_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
@@ -52,19 +51,18 @@ def per_class(labels: np.ndarray, probabilities: np.ndarray) -> list[dict[str, f
 
 
 def binary_curves(labels: np.ndarray, positive_scores: np.ndarray) -> dict[str, np.ndarray | float]:
-    """ROC and precision-recall curves of a binary task (class 1 positive), with their areas."""
+    """ROC and precision-recall curves of a binary task (class 1 positive), with their areas.
+
+    scikit-learn's: tied scores form one threshold, so their order in the input cannot change the areas.
+    """
+    from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score, roc_curve
+
     labels = np.asarray(labels, dtype=np.int64)
-    order = np.argsort(-positive_scores, kind="mergesort")
-    sorted_labels = labels[order]
-    tps = np.cumsum(sorted_labels == 1)
-    fps = np.cumsum(sorted_labels == 0)
-    positives, negatives = max(tps[-1], 1), max(fps[-1], 1)
-    tpr = np.concatenate([[0.0], tps / positives])
-    fpr = np.concatenate([[0.0], fps / negatives])
-    precision = tps / np.arange(1, len(tps) + 1)
-    recall = tps / positives
+    both = len(np.unique(labels)) == 2  # the areas are undefined with one class only
+    fpr, tpr, _ = roc_curve(labels, positive_scores, pos_label=1) if both else (np.array([0.0, 1.0]),) * 2 + (None,)
+    precision, recall, _ = precision_recall_curve(labels, positive_scores, pos_label=1)
     return {
-        "fpr": fpr, "tpr": tpr, "roc_auc": float(np.trapezoid(tpr, fpr)),
+        "fpr": fpr, "tpr": tpr, "roc_auc": float(roc_auc_score(labels, positive_scores)) if both else float("nan"),
         "precision": precision, "recall": recall,
-        "average_precision": float(np.sum(np.diff(np.concatenate([[0.0], recall])) * precision)),
+        "average_precision": float(average_precision_score(labels, positive_scores)) if both else float("nan"),
     }

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from pipeline.errors import user_errors_reported
+
 
 @record
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     function, args, kwargs = cloudpickle.loads(Path(payload).read_bytes())
     ctx = distributed.setup(os.environ.get("PIPELINE_BACKEND", "auto"))
     try:
-        value = function(*args, **kwargs)
+        with user_errors_reported():  # a UserError from the function fails the task without retries
+            value = function(*args, **kwargs)
     finally:
         distributed.teardown(ctx)
     if ctx.is_main:

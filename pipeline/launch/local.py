@@ -1,4 +1,5 @@
-"""Run ``torchrun`` as a supervised child: live per-rank output, a stall watchdog, a clean stop of every rank.
+"""The local launcher (``launch.kind = local``): ``torchrun`` as a supervised child of this process, with
+live per-rank output, a stall watchdog, restarts and a clean stop of every rank.
 
 The job runs under ``pipeline.launch.guard`` in a session (process group) of its own, so stopping
 it - on a timeout, a stall, an exception, ``on_kill``, or a SIGTERM/SIGINT of the task process -
@@ -22,10 +23,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pipeline import settings
-from pipeline.errors import TrainingFailed, TrainingStalled
+from pipeline.errors import ConfigError, TrainingFailed, TrainingStalled, reported_user_error
 from pipeline.launch.shm import clean_stale_shared_memory
 from pipeline.processes import alive, descendants
-from pipeline.train.progress import DUMP_SIGNAL, PROGRESS_DIR_ENV, read_heartbeats
+from pipeline.launch.spec import JobSpec, launch_config
+from pipeline.train.progress import DUMP_SIGNAL, read_heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -74,33 +76,30 @@ class TorchrunJob:
     ``init_process_group`` in two of three tries.
     """
 
-    def __init__(
-        self,
-        entry: Sequence[str],
-        *,
-        nproc_per_node: int,
-        log_dir: Path,
-        nnodes: int = 1,
-        node_rank: int = 0,
-        rdzv_endpoint: str | None = None,
-        max_restarts: int = 0,
-        no_python: bool = False,
-        env: dict[str, str] | None = None,
-        timeout_s: float = 24 * 3600,
-        grace_period_s: float = 10.0,
-        stall_timeout_s: float | None = None,
-    ):
-        self.log_dir = Path(log_dir)
-        self.progress_dir = self.log_dir / "progress"
+    def __init__(self, spec: JobSpec):
+        launch = spec.launch
+        if launch.nnodes > 1 and not launch.rdzv_endpoint:
+            raise ConfigError(f"launch.nnodes={launch.nnodes} with the local launcher needs launch.rdzv_endpoint "
+                              f"(HOST:PORT of the c10d rendezvous that every node's launcher joins)")
+        if launch.gpus_per_node:
+            import torch
+
+            found = torch.cuda.device_count()
+            if found < launch.gpus_per_node:
+                raise ConfigError(f"launch.gpus_per_node={launch.gpus_per_node}: this node has {found} GPU(s)")
+        self.spec = spec
+        self.files = spec.files
+        self.log_dir = self.files.logs(spec.try_number)
+        self.progress_dir = self.files.progress
         self._command_args = dict(
-            entry=entry, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-            rdzv_endpoint=rdzv_endpoint, no_python=no_python,
+            entry=list(spec.entry), nproc_per_node=launch.nproc_per_node, nnodes=launch.nnodes,
+            node_rank=launch.node_rank, rdzv_endpoint=launch.rdzv_endpoint or None, no_python=spec.no_python,
         )
-        self.max_restarts = max_restarts
-        self.env = env or {}
-        self.timeout_s = timeout_s
-        self.grace_period_s = grace_period_s
-        self.stall_timeout_s = stall_timeout_s
+        self.max_restarts = launch.max_restarts
+        self.env = {**spec.env, **self.files.env(), "PIPELINE_TRY_NUMBER": str(spec.try_number)}
+        self.timeout_s = launch.timeout_s
+        self.grace_period_s = launch.grace_period_s
+        self.stall_timeout_s = launch.stall_timeout_s or None
         self.proc: subprocess.Popen | None = None
         self._stopped_by: str | None = None
 
@@ -126,12 +125,13 @@ class TorchrunJob:
         removed = clean_stale_shared_memory()
         if removed:
             emit(f"removed stale shared memory left by a previous attempt: {', '.join(sorted(removed))}")
-        shutil.rmtree(self.progress_dir, ignore_errors=True)
+        for folder in (self.progress_dir, self.files.errors):
+            shutil.rmtree(folder, ignore_errors=True)  # a previous attempt's heartbeats and errors are not this one's
         self.progress_dir.mkdir(parents=True)
         torchrun_logs = self.log_dir / f"torchrun-{restart}"
-        command = torchrun_command(**self._command_args, log_dir=torchrun_logs, rdzv_id=f"job-{restart}")
-        child_env = {**os.environ, **self.env, PROGRESS_DIR_ENV: str(self.progress_dir), "PYTHONUNBUFFERED": "1",
-                     "PIPELINE_RESTART_COUNT": str(restart)}
+        command = torchrun_command(**self._command_args, log_dir=torchrun_logs,
+                                   rdzv_id=f"{self.spec.name}-{restart}")
+        child_env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", "PIPELINE_RESTART_COUNT": str(restart)}
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT), child_env.get("PYTHONPATH")]))
         emit("launching: " + " ".join(command))
         guard = [sys.executable, "-m", "pipeline.launch.guard", f"--grace-period-s={self.grace_period_s}",
@@ -157,6 +157,9 @@ class TorchrunJob:
         if self._stopped_by == "timeout":
             raise TrainingFailed(f"training ran past launch.timeout_s={self.timeout_s}s and was stopped")
         if returncode != 0:
+            user_error = reported_user_error(self.files.errors)
+            if user_error is not None:
+                raise user_error  # bad config or data: a restart or a retry would fail the same way
             failure = rank_failure(torchrun_logs)
             raise TrainingFailed(
                 f"torchrun exited with code {returncode}"
@@ -226,9 +229,34 @@ class TorchrunJob:
         return previous
 
 
-def run_torchrun(entry: Sequence[str], *, emit: Callable[[str], None] | None = None, **options) -> None:
-    """Run one supervised torchrun job to completion (see ``TorchrunJob`` for the options)."""
-    TorchrunJob(entry, **options).run(emit)
+class LocalLauncher:
+    """``launch.kind = local``: this node's share of the job as a supervised torchrun (see ``TorchrunJob``)."""
+
+    def __init__(self):
+        self._job: TorchrunJob | None = None
+        self._stopped = False
+
+    def run(self, spec: JobSpec, emit: Callable[[str], None]) -> None:
+        self._job = TorchrunJob(spec)
+        if self._stopped:
+            raise TrainingFailed("the training job was stopped before it started")
+        self._job.run(emit)
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._job is not None:
+            self._job.stop()
+
+
+def run_torchrun(entry: Sequence[str], *, job_dir: Path, emit: Callable[[str], None] | None = None,
+                 env: dict[str, str] | None = None, no_python: bool = False, **launch) -> dict | None:
+    """Run one supervised local torchrun job to completion; ``launch``: ``launch.*`` fields
+    (nproc_per_node, max_restarts, stall_timeout_s, ...). Returns rank 0's result, if it wrote one."""
+    from pipeline.launch.spec import Job
+
+    spec = JobSpec(entry=list(entry), job_dir=Path(job_dir), launch=launch_config({"kind": "local", **launch}),
+                   env=dict(env or {}), no_python=no_python)
+    return Job(spec).run(emit)
 
 
 def _describe_stall(beats: dict, idle_s: float, stall_timeout_s: float) -> str:

@@ -1,15 +1,14 @@
 """What DAG authors use to run code on N ranks: ``TorchrunOperator`` for a module or script, ``@task.torchrun``.
 
-Both go through the same supervised launcher as the pipeline's own train task (``TorchrunJob``):
-a guarded process group, live rank-prefixed logs, restarts, a stall watchdog and a clean stop on
-``on_kill``, timeouts and SIGTERM. Each job gets a folder keyed by DAG, run and task (not by try
+Both go through the same launcher interface as the pipeline's own train task
+(``pipeline.launch.spec.Job``, ``launch.kind`` picks where): live rank-prefixed logs, restarts, a stall
+watchdog, user errors that fail without retries, and a clean stop on ``on_kill``, timeouts and SIGTERM. Each job gets a folder keyed by DAG, run and task (not by try
 number), exported to the ranks as ``PIPELINE_JOB_DIR`` with ``PIPELINE_CHECKPOINT_DIR`` inside it,
 so a script that checkpoints there resumes on an Airflow retry.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -17,16 +16,14 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-RESULT_FILE = "result.json"
 
 
 def job_dir(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Path:
     """The folder of one task's training job, inside the DAG run's working folder: the same on
     every try of that task instance."""
-    from pipeline.stages import RunInfo
+    from pipeline.run import RunInfo
 
-    folder = RunInfo(dag_id=dag_id, run_id=run_id).workdir / task_id
-    return folder / f"map-{map_index}" if map_index >= 0 else folder
+    return RunInfo(dag_id=dag_id, run_id=run_id).job_dir(task_id, map_index)
 
 
 class TorchrunOperator(BaseOperator):
@@ -34,65 +31,48 @@ class TorchrunOperator(BaseOperator):
     or, with ``no_python=True``, an executable that reads the torchrun environment (Lightning, HF
     Trainer and the CLIs built on them run unchanged).
 
-    Returns the JSON that rank 0 wrote to ``$PIPELINE_RESULT_FILE``, if it wrote one, with the job's
-    wall time and folder.
+    Where and how it runs are the ``launch.*`` config fields, as keyword arguments (``nproc_per_node``,
+    ``nnodes``, ``max_restarts``, ``stall_timeout_s``, ``timeout_s``, ``grace_period_s``, ``kind``, ...),
+    validated by the same rules. Returns the JSON that rank 0 wrote to ``$PIPELINE_RESULT_FILE``, if
+    it wrote one, with the job's wall time and folder. A ``UserError`` raised in a rank (reported by
+    ``pipeline.errors.user_errors_reported``) fails the task without retries.
     """
 
     template_fields: Sequence[str] = ("entry", "env")
     ui_color = "#f3e5d8"
 
-    def __init__(
-        self,
-        *,
-        entry: Sequence[str],
-        nproc_per_node: int = 1,
-        nnodes: int = 1,
-        node_rank: int = 0,
-        rdzv_endpoint: str | None = None,
-        max_restarts: int = 0,
-        no_python: bool = False,
-        env: Mapping[str, str] | None = None,
-        stall_timeout_s: float | None = None,
-        timeout_s: float = 24 * 3600,
-        grace_period_s: float = 10.0,
-        **kwargs: Any,
-    ):
+    def __init__(self, *, entry: Sequence[str], no_python: bool = False, env: Mapping[str, str] | None = None,
+                 **kwargs: Any):
+        from dataclasses import fields
+
+        from pipeline.config import LaunchConfig
+        from pipeline.launch.spec import launch_config
+
+        names = {f.name for f in fields(LaunchConfig)}
+        self.launch = launch_config({k: kwargs.pop(k) for k in list(kwargs) if k in names})
         super().__init__(**kwargs)
         self.entry = list(entry)
-        self.nproc_per_node = nproc_per_node
-        self.nnodes = nnodes
-        self.node_rank = node_rank
-        self.rdzv_endpoint = rdzv_endpoint
-        self.max_restarts = max_restarts
         self.no_python = no_python
         self.env = dict(env or {})
-        self.stall_timeout_s = stall_timeout_s
-        self.timeout_s = timeout_s
-        self.grace_period_s = grace_period_s
         self._job = None
 
     def execute(self, context) -> Any:
-        from pipeline.launch.local import TorchrunJob
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from pipeline.errors import UserError
+        from pipeline.launch.spec import Job, JobSpec
 
         ti = context["ti"]
         folder = job_dir(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
-        folder.mkdir(parents=True, exist_ok=True)
-        result_path = folder / RESULT_FILE
-        result_path.unlink(missing_ok=True)  # never report a previous try's result
-        env = {
-            **self.env, "PIPELINE_JOB_DIR": str(folder), "PIPELINE_CHECKPOINT_DIR": str(folder / "checkpoints"),
-            "PIPELINE_RESULT_FILE": str(result_path), "PIPELINE_TRY_NUMBER": str(ti.try_number),
-        }
-        self._job = TorchrunJob(
-            self.entry, nproc_per_node=self.nproc_per_node, nnodes=self.nnodes, node_rank=self.node_rank,
-            rdzv_endpoint=self.rdzv_endpoint, max_restarts=self.max_restarts, no_python=self.no_python,
-            log_dir=folder / f"logs-try{ti.try_number}", env=env, timeout_s=self.timeout_s,
-            grace_period_s=self.grace_period_s, stall_timeout_s=self.stall_timeout_s,
-        )
+        spec = JobSpec(entry=self.entry, job_dir=folder, launch=self.launch, no_python=self.no_python,
+                       env=self.env, name=f"{ti.dag_id}-{ti.task_id}-{ti.try_number}", try_number=ti.try_number)
+        self._job = Job(spec)
         started = time.perf_counter()
-        self._job.run(emit=self.log.info)
-        result = json.loads(result_path.read_text()) if result_path.exists() else {}
-        return self._result(result, folder, time.perf_counter() - started)
+        try:
+            result = self._job.run(emit=self.log.info)
+        except UserError as exc:
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+        return self._result(result or {}, folder, time.perf_counter() - started)
 
     def _result(self, result: Any, folder: Path, wall_s: float) -> Any:
         if isinstance(result, dict):

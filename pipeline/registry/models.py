@@ -42,52 +42,46 @@ def _settle(model_name: str, run_key: str, mine: str) -> str:
     return str(oldest.version)
 
 
-def log_and_register(
-    *, run_id: str, model_name: str, run_key: str, model_path: str, spec: dict[str, Any],
-    preprocessing_path: str, input_example: list[dict[str, Any]], tags: dict[str, str],
-) -> tuple[str, bool]:
-    """Log the pyfunc into ``run_id`` and register it; returns ``(version, created)``."""
+def log_and_register(*, run_id: str, model_name: str, run_key: str, package, tags: dict[str, str]) -> tuple[str, bool]:
+    """Log a recipe's ``ModelPackage`` (a models-from-code pyfunc and its artifacts) into ``run_id`` and
+    register it once per ``run_key``; returns ``(version, created)``."""
     existing = find_version(model_name, run_key)
     if existing is not None:
         log.info("model %s version %s already registered for %s: reusing it", model_name, existing.version, run_key)
         return str(existing.version), False
 
     import mlflow
-    import mlflow.pytorch
-    import pandas as pd
+    import mlflow.pyfunc
     import torch
     from mlflow.models import infer_signature
 
-    from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
-    from pipeline.registry.model import TabularClassifier
-
-    mlflow_client = client()
-    module = TabularMLP(ModelSpec(**spec))
-    module.load_state_dict(torch.load(model_path, weights_only=True, map_location="cpu"))
-    module.eval()
-    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "pandas", "numpy"]
-    example = pd.DataFrame(input_example)
+    requirements = package.pip_requirements or [
+        f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "pandas", "numpy"]
+    # The signature comes from what the model itself returns for the example (loaded as users will).
     with tempfile.TemporaryDirectory() as tmp:
-        torch_dir = Path(tmp) / "torch_model"
-        mlflow.pytorch.save_model(module, torch_dir, serialization_format="pickle", pip_requirements=requirements)
-        artifacts = {"torch_model": str(torch_dir), "preprocessing": preprocessing_path}
-        wrapper = TabularClassifier()
-        wrapper.load_context(_Context(artifacts))
-        signature = infer_signature(example, wrapper.predict(None, example))
-        with mlflow.start_run(run_id=run_id):
-            info = mlflow.pyfunc.log_model(
-                name="model", python_model=TabularClassifier(), artifacts=artifacts,
-                signature=signature, input_example=example, pip_requirements=requirements,
-            )
+        local = Path(tmp) / "model"
+        mlflow.pyfunc.save_model(str(local), python_model=package.python_model, artifacts=package.artifacts,
+                                 pip_requirements=requirements)
+        output = mlflow.pyfunc.load_model(str(local)).predict(package.input_example)
+    signature = infer_signature(package.input_example, output)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=package.python_model, artifacts=package.artifacts,
+            signature=signature, input_example=package.input_example, pip_requirements=requirements,
+        )
     version = mlflow.register_model(info.model_uri, model_name, tags={RUN_KEY_TAG: run_key, **tags})
     kept = _settle(model_name, run_key, str(version.version))
     log.info("registered %s version %s from %s", model_name, kept, info.model_uri)
     return kept, kept == str(version.version)
 
 
-class _Context:
-    def __init__(self, artifacts: dict[str, str]):
-        self.artifacts = artifacts
+def input_schema(model_name: str, version: str) -> list | None:
+    """The input columns (name, type) of a registered version's signature, for telling whether two
+    versions take the same rows."""
+    from mlflow.models import get_model_info
+
+    signature = get_model_info(f"models:/{model_name}/{version}").signature
+    return signature.inputs.to_dict() if signature is not None and signature.inputs is not None else None
 
 
 def set_alias(model_name: str, alias: str, version: str) -> None:

@@ -226,7 +226,7 @@ def test_a_train_attempt_that_dies_mid_training_is_retried_from_its_checkpoint(a
         while time.monotonic() < deadline:
             for workdir in set(runs.glob("*")) - before:
                 if list((workdir / "train" / "checkpoints").glob("step-*")):
-                    beats = read_heartbeats(workdir / "train" / "logs-try1" / "progress")
+                    beats = read_heartbeats(workdir / "train" / "progress")
                     if len(beats) == 2:
                         ranks = [beat["pid"] for beat in beats.values()]
                         agent = parent(ranks[0])

@@ -39,8 +39,9 @@ def job(demo_parquet, tmp_path_factory):
 def _train(job, out: Path, lines: list[str] | None = None, **options) -> dict:
     cfg, dataset, config_path = job
     run_torchrun(
-        ["-m", "pipeline.train", "--config", str(config_path), "--dataset", dataset["uri"], "--out", str(out)],
-        nproc_per_node=2, log_dir=out / "logs", emit=(lines.append if lines is not None else lambda line: None),
+        ["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", str(config_path), "--dataset", dataset["uri"],
+         "--out", str(out)],
+        job_dir=out, nproc_per_node=2, emit=(lines.append if lines is not None else lambda line: None),
         grace_period_s=3, **options,
     )
     return json.loads((out / "result.json").read_text())
@@ -61,7 +62,7 @@ def _when_checkpoint(out: Path, action, min_step: int = CHECKPOINT_EVERY) -> thr
         while time.monotonic() < deadline:
             steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*")]
             if steps and max(steps) >= min_step:
-                action(read_heartbeats(out / "logs" / "progress"))
+                action(read_heartbeats(out / "progress"))
                 return
             time.sleep(0.01)
 

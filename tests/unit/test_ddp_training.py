@@ -19,9 +19,9 @@ def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     lines = []
     run_torchrun(
-        ["-m", "pipeline.train", "--config", str(tmp_path / "config.json"), "--dataset", dataset["uri"],
-         "--out", str(tmp_path / "out")],
-        nproc_per_node=2, log_dir=tmp_path / "logs", emit=lines.append,
+        ["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", str(tmp_path / "config.json"),
+         "--dataset", dataset["uri"], "--out", str(tmp_path / "out")],
+        job_dir=tmp_path / "out", nproc_per_node=2, emit=lines.append,
     )
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert result["world_size"] == 2 and result["backend"] == "gloo"
@@ -31,7 +31,7 @@ def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path):
     per_rank = math.ceil(dataset["rows"]["train"] / 2)
     assert result["steps"] == math.ceil(per_rank / cfg.train.batch_size) * cfg.train.epochs
     assert result["metrics"]["train_loss"] < math.log(3)  # learned something beyond uniform guessing
-    assert Path(result["model_path"]).exists()
+    assert Path(result["model_files"]["network"]).exists()
     assert any("samples/s" in line for line in lines)
 
 

@@ -44,7 +44,7 @@ def script_dir(tmp_path):
 
 def test_output_is_streamed_with_rank_prefixes(script_dir, tmp_path):
     lines = []
-    run_torchrun(["-m", "toy_job", "ok"], nproc_per_node=2, log_dir=tmp_path / "logs",
+    run_torchrun(["-m", "toy_job", "ok"], nproc_per_node=2, job_dir=tmp_path / "job",
                  env={"PYTHONPATH": str(script_dir)}, emit=lines.append)
     assert any(line.endswith("hello from rank 0") and "0]:" in line for line in lines)
     assert any(line.endswith("hello from rank 1") and "1]:" in line for line in lines)
@@ -52,7 +52,7 @@ def test_output_is_streamed_with_rank_prefixes(script_dir, tmp_path):
 
 def test_a_failing_rank_fails_the_launch_with_its_traceback(script_dir, tmp_path):
     with pytest.raises(TrainingFailed) as err:
-        run_torchrun(["-m", "toy_job", "fail"], nproc_per_node=2, log_dir=tmp_path / "logs",
+        run_torchrun(["-m", "toy_job", "fail"], nproc_per_node=2, job_dir=tmp_path / "job",
                      env={"PYTHONPATH": str(script_dir)}, emit=lambda line: None, grace_period_s=2)
     message = str(err.value)
     assert "torchrun exited with code 1" in message
@@ -69,7 +69,7 @@ def test_killing_the_supervising_process_stops_every_rank(script_dir, tmp_path, 
         sys.path.insert(0, {str(script_dir)!r})
         from pipeline.launch.local import run_torchrun
         from pathlib import Path
-        run_torchrun(["-m", "toy_job", "sleep", {marker!r}], nproc_per_node=2, log_dir=Path({str(tmp_path / "logs")!r}),
+        run_torchrun(["-m", "toy_job", "sleep", {marker!r}], nproc_per_node=2, job_dir=Path({str(tmp_path / "job")!r}),
                      env={{"PYTHONPATH": {str(script_dir)!r}}}, grace_period_s=3, emit=print)
         """
     )
@@ -126,7 +126,7 @@ def test_ranks_orphaned_by_a_killed_torchrun_agent_are_stopped_by_the_guard(scri
 
     def run():
         try:
-            run_torchrun(["-m", "toy_job", "sleep", marker], nproc_per_node=2, log_dir=tmp_path / "logs",
+            run_torchrun(["-m", "toy_job", "sleep", marker], nproc_per_node=2, job_dir=tmp_path / "job",
                          env={"PYTHONPATH": str(script_dir)}, emit=lambda line: None, grace_period_s=3)
         except TrainingFailed as exc:
             errors.append(exc)

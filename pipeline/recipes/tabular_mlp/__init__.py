@@ -1,34 +1,32 @@
-"""Tabular MLP recipe: configs, and the Airflow Params that map onto them. Light: no torch here."""
+"""Tabular MLP recipe: a multilayer perceptron over numeric and categorical columns, plain PyTorch DDP.
+
+Light: no torch here; the model and hooks are in ``train.py``, imported by the ranks.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
 
 from pipeline import settings
-from pipeline.config import PipelineConfig, param_schema
+from pipeline.config import ModelConfig, PipelineConfig, config_field
+from pipeline.evaluate.directions import CLASSIFICATION
+from pipeline.recipes.base import Recipe
 
 NAME = "tabular_mlp"
 DAILY_DATASET = f"{NAME}_daily"  # one version per day, prepared by the tabular_daily_prep DAG
 
-# Params form field -> config field. Only what a person triggering a run usually changes;
-# everything else stays reachable through the config's defaults or the `overrides` Param.
-PARAMS: dict[str, str] = {
-    "input_path": "data.input_path",
-    "label_column": "data.label_column",
-    "nproc_per_node": "launch.nproc_per_node",
-    "max_restarts": "launch.max_restarts",
-    "epochs": "train.epochs",
-    "batch_size": "train.batch_size",
-    "learning_rate": "train.learning_rate",
-    "hidden_sizes": "train.hidden_sizes",
-    "seed": "train.seed",
-    "checkpoint_every_steps": "train.checkpoint_every_steps",
-    "require_approval": "evaluate.require_approval",
-}
+
+@dataclass(kw_only=True)
+class TabularModelConfig(ModelConfig):
+    hidden_sizes: list[int] = config_field([128, 64], "Widths of the hidden layers.", min=1, max=8192)
+    dropout: float = config_field(0.1, "Dropout after each hidden layer.", min=0.0, max=0.9)
 
 
-# The Params of a DAG that only prepares data.
-PREP_PARAMS = ("input_path", "label_column", "overrides")
+@dataclass(kw_only=True)
+class TabularConfig(PipelineConfig):
+    METRICS = CLASSIFICATION
+    RECIPE = NAME
+    model: TabularModelConfig = field(default_factory=TabularModelConfig)
 
 
 def demo_input_path() -> str:
@@ -41,51 +39,57 @@ def daily_input_path() -> str:
     return str(settings.data_dir() / "raw" / "tabular_daily")
 
 
-def dataset_uri(name: str) -> str:
-    """The URI of a dataset's Airflow Asset: the folder its versions are published under."""
-    return (settings.data_dir() / name).as_uri()
+dataset_uri = settings.dataset_uri
 
 
-def config(variant: str = "default") -> PipelineConfig:
-    """The recipe's config; ``tiny`` is what the tests run (a few seconds of training)."""
-    base = PipelineConfig()
-    base.data.input_path = demo_input_path()
-    base.registry.model_name = NAME
-    base.registry.experiment = NAME
-    if variant == "default":
-        return base
-    if variant == "tiny":
-        return base.with_overrides(
-            {
-                "train.epochs": 3,
-                "train.batch_size": 64,
-                "train.hidden_sizes": [32, 16],
-                "train.log_every_steps": 10,
-                "data.shard_size_limit_bytes": 1 << 14,
-            }
-        )
-    raise ValueError(f"unknown variant {variant!r} of recipe {NAME}; expected 'default' or 'tiny'")
+def _base() -> TabularConfig:
+    cfg = TabularConfig()
+    cfg.data.input_path = demo_input_path()
+    cfg.registry.model_name = NAME
+    cfg.registry.experiment = NAME
+    return cfg
 
 
-def airflow_params(only: tuple[str, ...] | None = None, **defaults: Any) -> dict[str, dict[str, Any]]:
-    """JSON-schema keyword sets, one per Param (``only`` these), with defaults taken from the recipe's
-    config unless given in ``defaults``."""
-    flat = _flatten(config().to_dict())
-    params = {name: param_schema(dotted, defaults.get(name, flat[dotted])) for name, dotted in PARAMS.items()}
-    params["overrides"] = {
-        "default": {},
-        "type": "object",
-        "description": 'Any other config field as SECTION.FIELD, e.g. {"train.dropout": 0.2, "evaluate.tolerance": 0.0}.',
-    }
-    return {name: schema for name, schema in params.items() if only is None or name in only}
+def _write_demo_input(rows: int = 60_000) -> str:
+    from pathlib import Path
+
+    from pipeline.data import demo
+
+    path = Path(demo_input_path())
+    if not path.exists():
+        print(f"writing {rows:,} demo rows to {path}", flush=True)
+        demo.write_parquet(path, rows)
+    return str(path)
 
 
-def config_from_params(params: dict[str, Any]) -> PipelineConfig:
-    """Build the run's config from the triggered Params (and the free-form ``overrides`` one)."""
-    overrides = {PARAMS[name]: value for name, value in params.items() if name in PARAMS}
-    overrides.update(params.get("overrides") or {})
-    return config().with_overrides(overrides)
+RECIPE = Recipe(
+    name=NAME,
+    description="Multilayer perceptron on tabular rows (numeric and categorical features), plain PyTorch DDP.",
+    config_class=TabularConfig,
+    base=_base,
+    variants={
+        "demo": {},
+        "tiny": {
+            "train.epochs": 3,
+            "train.batch_size": 64,
+            "model.hidden_sizes": [32, 16],
+            "train.log_every_steps": 10,
+            "data.shard_size_limit_bytes": 1 << 14,
+        },
+    },
+    params={
+        "input_path": "data.input_path",
+        "label_column": "data.label_column",
+        "hidden_sizes": "model.hidden_sizes",
+    },
+    train_spec="pipeline.recipes.tabular_mlp.train:SPEC",
+    demo_input=_write_demo_input,
+    tags=("ddp", "tabular"),
+    prep_params=("input_path", "label_column", "overrides"),
+)
 
-
-def _flatten(nested: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {f"{section}.{key}": value for section, fields in nested.items() for key, value in fields.items()}
+# The recipe's functions, by the names the DAGs and tests use.
+config = RECIPE.config
+airflow_params = RECIPE.airflow_params
+config_from_params = RECIPE.config_from_params
+PREP_PARAMS = RECIPE.prep_params

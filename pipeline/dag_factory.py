@@ -1,0 +1,71 @@
+"""One DAG factory for every recipe: prepare_data -> train -> register_model -> evaluate -> approve -> promote.
+
+A recipe's DAG file is one call: ``recipe_dag("image_classifier")``. Each task body is one call
+into ``pipeline.stages`` through ``run_stage``, which builds the run's config from the Params form.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import Asset, Param, dag, task
+
+from pipeline import settings, stages
+from pipeline.data import windows
+from pipeline.orchestration import promotion_approval, run_stage, with_mlflow_link
+from pipeline.recipes import get_recipe
+
+
+def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = None, **dag_kwargs: Any):
+    """The pipeline DAG of a registered recipe. ``schedule`` may be Assets of daily datasets: a run they
+    trigger trains on the newest ``data.window_intervals`` of them (``pipeline.data.windows``)."""
+    recipe = get_recipe(recipe_name)
+    dataset = Asset(name=recipe.name, uri=settings.dataset_uri(recipe.name))
+    config_from_params = recipe.config_from_params
+
+    @dag(
+        dag_id=recipe.name,
+        schedule=schedule,  # and by hand, from the UI's Params form or `airflow dags trigger -c`
+        catchup=False,
+        max_active_runs=1,
+        # Retries are for infrastructure faults; a bad config or bad data fails at once (AirflowFailException).
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=settings.retry_delay_s())},
+        tags=list(recipe.tags),
+        params={name: Param(**schema) for name, schema in recipe.airflow_params().items()},
+        doc_md=doc_md or recipe.description,
+        **dag_kwargs,
+    )
+    def pipeline_dag():
+        @task(outlets=[dataset])
+        def prepare_data(*, triggering_asset_events=None, outlet_events=None) -> dict:
+            window = windows.triggering_window(triggering_asset_events)
+            prepared = run_stage(stages.prepare_data, config_from_params, window)
+            outlet_events[dataset].extra = windows.asset_extra(prepared)
+            return prepared
+
+        @task
+        def train(prepared: dict) -> dict:
+            return run_stage(stages.train, config_from_params, prepared)
+
+        @task
+        def register_model(prepared: dict, trained: dict) -> dict:
+            return run_stage(stages.register_model, config_from_params, prepared, trained)
+
+        @task
+        def evaluate(prepared: dict, registered: dict) -> dict:
+            return run_stage(stages.evaluate, config_from_params, prepared, registered)
+
+        @task
+        def promote(prepared: dict, trained: dict, registered: dict, evaluation: dict, approval: dict) -> dict:
+            return run_stage(stages.promote, config_from_params, prepared, trained, registered, evaluation, approval)
+
+        prepared = prepare_data()
+        trained = with_mlflow_link(train(prepared))
+        registered = with_mlflow_link(register_model(prepared, trained))
+        evaluation = with_mlflow_link(evaluate(prepared, registered))
+        approval = promotion_approval(retries=0)
+        evaluation >> approval
+        promote(prepared, trained, registered, evaluation, approval.output)
+
+    return pipeline_dag()

@@ -1,0 +1,285 @@
+"""The generic DDP training loop every loop-based recipe shares.
+
+DDP, gradient accumulation with ``no_sync``, autocast, warm-up and cosine LR, checkpoints holding the
+model, optimizer, scheduler, every rank's RNG and the loader's mid-epoch position, heartbeats,
+throughput and the result file. What is the recipe's comes from its ``TrainSpec``: the model, the
+batch transform (decode, augment, encode) and the loss with its per-sample metric sums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.data.reading import TrainingData
+from pipeline.train import distributed
+from pipeline.train.checkpoint import capture_rng, load_state, restore_rng
+from pipeline.train.context import RunContext
+from pipeline.train.spec import TrainSpec
+from pipeline.train.throughput import Throughput, peak_flops
+
+
+def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir: Path) -> dict[str, Any]:
+    """Train on every rank of this job; rank 0 writes the model files and ``result.json`` into ``out_dir``."""
+    dist = distributed.setup(cfg.launch.backend)
+    try:
+        from pipeline.launch.shm import clean_stale_shared_memory
+
+        if dist.local_rank == 0:
+            clean_stale_shared_memory()  # what ranks of a previous (restarted) attempt left behind
+        distributed.barrier(dist)
+        ctx = RunContext(cfg, dist, Path(out_dir))
+        data = TrainingData.open(datasets, ctx.out_dir / "cache")  # cache shared by the ranks of a node
+        if spec.run is not None:
+            started = time.perf_counter()
+            metrics = spec.run(cfg, ctx, data)
+            return ctx.finish(_base_result(ctx, data) | {"metrics": metrics,
+                                                         "train_wall_s": round(time.perf_counter() - started, 3)})
+        return _Loop(cfg, spec, ctx, data).run()
+    finally:
+        distributed.teardown(dist)
+
+
+def autocast(device: torch.device, precision: str):
+    """(autocast context, bf16 on?): bf16 when asked, or on ``auto`` with a GPU that supports it."""
+    use_bf16 = precision == "bf16" or (
+        precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    )
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16), use_bf16
+
+
+class _Loop:
+    def __init__(self, cfg: PipelineConfig, spec: TrainSpec, ctx: RunContext, data: TrainingData):
+        self.cfg, self.spec, self.ctx, self.data = cfg, spec, ctx, data
+        tc, dist = cfg.train, ctx.dist
+        torch.manual_seed(tc.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+        self.model = spec.build_model(cfg, data).to(dist.device)
+        self.ddp = DistributedDataParallel(self.model) if dist.enabled else self.model
+        torch.manual_seed(tc.seed + dist.rank)
+        np.random.seed(tc.seed + dist.rank)
+        self.optimizer = torch.optim.AdamW(self.ddp.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay)
+        self.train_loader = data.loader("train", batch_size=tc.batch_size, shuffle=True, seed=tc.seed,
+                                        num_workers=tc.num_workers, transform=spec.batch_transform(cfg, data, True))
+        self.val_loader = data.loader("val", batch_size=tc.batch_size, shuffle=False, seed=tc.seed,
+                                      num_workers=tc.num_workers, transform=spec.batch_transform(cfg, data, False))
+        micro_per_epoch = math.ceil(len(self.train_loader.dataset) / tc.batch_size)  # this rank's share
+        self.steps_per_epoch = math.ceil(micro_per_epoch / tc.grad_accum_steps)
+        self.total_steps = self.steps_per_epoch * tc.epochs
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, LrFactor(tc, self.total_steps))
+        self.autocast, self.use_bf16 = autocast(dist.device, tc.precision)
+
+    def run(self) -> dict[str, Any]:
+        cfg, tc, ctx, dist = self.cfg, self.cfg.train, self.ctx, self.ctx.dist
+        step, epoch, start_step = 0, 0, 0
+        resumed = self._resume()
+        if resumed:
+            step, epoch, start_step = resumed["step"], resumed["epoch"], resumed["step"]
+        flops_per_sample = 6.0 * sum(p.numel() for p in self.model.parameters())  # forward + backward, dense
+        meter = Throughput(world_size=dist.world_size, flops_per_sample=flops_per_sample,
+                           peak_flops_per_s=peak_flops(dist.device))
+        ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, "
+                f"{'bf16 autocast' if self.use_bf16 else 'fp32'}: {self.data.rows('train')} train rows, "
+                f"{self.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {self.total_steps} steps "
+                f"(batch {tc.batch_size} x {tc.grad_accum_steps} accumulation x {dist.world_size} ranks)"
+                + (f"; resumed from step {start_step} (epoch {epoch + 1})" if resumed else ""))
+
+        metrics: dict[str, float] = resumed["metrics"] if resumed else {}  # the last finished epoch's
+        loop_started = time.perf_counter()
+        while epoch < tc.epochs:
+            self.ddp.train()
+            # Running sums stay on the device: a .item() per step would make every step wait for it.
+            sums: dict[str, torch.Tensor] = {}
+            count = 0
+            batches = iter(self.train_loader)
+            step_in_epoch = step - epoch * self.steps_per_epoch
+            while step_in_epoch < self.steps_per_epoch:
+                waited = time.perf_counter()
+                micro = _next_micro_batches(batches, tc.grad_accum_steps)
+                meter.data_wait(time.perf_counter() - waited)
+                if not micro:
+                    break
+                self.optimizer.zero_grad(set_to_none=True)
+                samples = sum(_samples(b) for b in micro)
+                step_loss = torch.zeros((), device=dist.device)
+                for i, batch in enumerate(micro):
+                    batch = {k: v.to(dist.device, non_blocking=True) for k, v in batch.items()}
+                    sync = i == len(micro) - 1 or not dist.enabled
+                    with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast:
+                        loss_sum, stats = self.spec.loss(self.cfg, self.ddp, batch)
+                        loss = loss_sum.float() / samples
+                    loss.backward()
+                    step_loss += loss.detach()
+                    _accumulate(sums, stats)
+                _accumulate(sums, {"loss": step_loss * samples})
+                count += samples
+                self.optimizer.step()
+                self.scheduler.step()
+                step += 1
+                step_in_epoch += 1
+                meter.step(samples, tokens=sum(self.spec.tokens(b) for b in micro) if self.spec.tokens else 0)
+                ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1)
+                if step % tc.log_every_steps == 0 or step == self.total_steps:
+                    figures = meter.window()
+                    if dist.is_main:
+                        _progress_line(epoch, tc.epochs, step, self.total_steps, start_step, step_loss.item(),
+                                       figures, loop_started)
+                        ctx.metrics.log({"step_loss": step_loss.item(), "lr": self.scheduler.get_last_lr()[0],
+                                         **figures}, step=step)
+                if (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0
+                        and step_in_epoch < self.steps_per_epoch):
+                    self._save(step, epoch, self.train_loader.state_dict(), metrics)
+            train_metrics = _means(dist, sums, count, "train_")
+            ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1, phase="validating", force=True)
+            metrics = train_metrics | self._validate(step)
+            ctx.metrics.log(metrics | {"epoch": epoch + 1}, step=step)
+            ctx.log(f"epoch {epoch + 1}/{tc.epochs} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            epoch += 1
+            # At an epoch end the loader's next position is the start of the next epoch.
+            loader_state = {**self.train_loader.state_dict(), "epoch": epoch, "sample_in_epoch": 0}
+            self._save(step, epoch, loader_state, metrics)
+
+        train_wall_s = time.perf_counter() - loop_started
+        digests = distributed.gather(dist, distributed.state_digest(self.model))
+        if dist.is_main and len(set(digests)) != 1:
+            print(f"WARNING: model parameters differ between ranks after training: {digests}", flush=True)
+        throughput = {k: round(v, 4) for k, v in meter.summary().items()}
+        result = _base_result(ctx, self.data) | {
+            "metrics": metrics, "epochs": tc.epochs, "steps": step, "start_step": start_step,
+            "resumed_from": resumed["path"] if resumed else None,
+            "precision": "bf16" if self.use_bf16 else "fp32", "throughput": throughput,
+            "samples_per_s": round(throughput["samples_per_s"], 1), "train_wall_s": round(train_wall_s, 3),
+            "param_digests": digests,
+        }
+        if dist.is_main:
+            ctx.metrics.log({f"train_{k}": v for k, v in throughput.items()}, step=step)
+            self.model.eval()
+            result["model_files"] = self.spec.export(self.model, cfg, self.data, ctx.out_dir)
+            print(f"saved model files {sorted(result['model_files'])} to {ctx.out_dir}; steps {start_step}..{step}, "
+                  + ", ".join(f"{k} {v:,.4g}" for k, v in throughput.items()), flush=True)
+        return ctx.finish(result)
+
+    def _save(self, step: int, epoch: int, loader_state: dict[str, Any] | None, metrics: dict[str, float]) -> None:
+        """Every rank contributes its RNG state; rank 0 writes the checkpoint; all wait until it is on disk."""
+        ctx = self.ctx
+        ctx.heartbeat.beat(step, phase="checkpointing", force=True)
+        rng_states = distributed.gather(ctx.dist, capture_rng())
+        if ctx.is_main:
+            state = {
+                "step": step, "epoch": epoch, "world_size": ctx.dist.world_size, "config_digest": self.cfg.digest(),
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "loader": loader_state, "rng": rng_states,
+                "metrics": metrics,
+            }
+            path = ctx.checkpoints.save(step, state)
+            print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True)
+        distributed.barrier(ctx.dist)
+
+    def _resume(self) -> dict[str, Any] | None:
+        """Load the newest intact checkpoint of this job, if any; every rank loads the one rank 0 chose."""
+        ctx, cfg = self.ctx, self.cfg
+        found = None
+        if ctx.is_main:
+            found = ctx.checkpoints.load_latest()
+            if found and found.state.get("config_digest") != cfg.digest():
+                print(f"WARNING: ignoring checkpoints in {ctx.checkpoints.root}: written with config digest "
+                      f"{found.state.get('config_digest')}, this run's is {cfg.digest()}", flush=True)
+                found = None
+        chosen = distributed.broadcast_object(ctx.dist, str(found.path) if found else None)
+        if chosen is None:
+            return None
+        state = found.state if found else load_state(Path(chosen))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state["loader"] is not None:
+            self.train_loader.load_state_dict(state["loader"])
+        if state["world_size"] == ctx.dist.world_size:
+            restore_rng(state["rng"][ctx.dist.rank])
+        else:
+            torch.manual_seed(cfg.train.seed + ctx.dist.rank + state["step"])
+            ctx.log(f"WARNING: checkpoint written by {state['world_size']} ranks, resuming on {ctx.dist.world_size}: "
+                    f"random streams are reseeded, so the run is not bit-identical to an uninterrupted one")
+        ctx.log(f"resuming from checkpoint {chosen}: step {state['step']}, epoch {state['epoch']}")
+        return {"step": state["step"], "epoch": state["epoch"], "path": chosen, "metrics": state["metrics"]}
+
+    @torch.no_grad()
+    def _validate(self, step: int) -> dict[str, float]:
+        self.ddp.eval()
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        for i, batch in enumerate(self.val_loader):
+            self.ctx.heartbeat.beat(step, phase=f"validating batch {i}")  # a long validation is progress, not a stall
+            batch = {k: v.to(self.ctx.dist.device) for k, v in batch.items()}
+            with self.autocast:
+                loss_sum, stats = self.spec.loss(self.cfg, self.ddp, batch)
+            _accumulate(sums, stats | {"loss": loss_sum.float()})
+            count += _samples(batch)
+        return _means(self.ctx.dist, sums, count, "val_")
+
+
+class LrFactor:
+    """Picklable LR multiplier (LambdaLR keeps a callable object's state in its state_dict)."""
+
+    def __init__(self, tc: TrainConfig, total_steps: int):
+        self.schedule, self.warmup_steps, self.total_steps = tc.lr_schedule, tc.warmup_steps, total_steps
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "cosine":
+            progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
+
+
+def _base_result(ctx: RunContext, data: TrainingData) -> dict[str, Any]:
+    return {"world_size": ctx.dist.world_size, "backend": ctx.dist.backend, "dataset_version": data.versions[-1],
+            "dataset_versions": data.versions, "out_dir": str(ctx.out_dir)}
+
+
+def _samples(batch: dict[str, torch.Tensor]) -> int:
+    return int(next(iter(batch.values())).shape[0])
+
+
+def _accumulate(sums: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+    for key, value in stats.items():
+        value = value.detach().to(torch.float64)
+        sums[key] = sums[key] + value if key in sums else value
+
+
+def _means(dist, sums: dict[str, torch.Tensor], count: int, prefix: str) -> dict[str, float]:
+    """Per-sample means of every rank's sums (one all-reduce)."""
+    keys = sorted(sums)
+    totals = distributed.all_reduce_sum(dist, [float(sums[k].item()) for k in keys] + [float(count)])
+    n = max(totals[-1], 1.0)
+    ordered = ["loss"] + [k for k in keys if k != "loss"]
+    values = dict(zip(keys, totals[:-1]))
+    return {f"{prefix}{k}": values[k] / n for k in ordered if k in values}
+
+
+def _next_micro_batches(batches, count: int) -> list[dict[str, torch.Tensor]]:
+    micro = []
+    for _ in range(count):
+        try:
+            micro.append(next(batches))
+        except StopIteration:
+            break
+    return micro
+
+
+def _progress_line(epoch, epochs, step, total_steps, start_step, loss, figures, loop_started) -> None:
+    elapsed = time.perf_counter() - loop_started
+    eta = (total_steps - step) * elapsed / max(step - start_step, 1)
+    extra = f" mfu {figures['mfu']:.1%}" if "mfu" in figures else ""
+    extra += f" {figures['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in figures else ""
+    print(f"epoch {epoch + 1}/{epochs} step {step}/{total_steps} loss {loss:.4f} "
+          f"{figures['samples_per_s']:,.0f} samples/s step {figures['step_time_s'] * 1e3:.1f}ms "
+          f"data-wait {figures['data_wait_fraction']:.0%}{extra} eta {eta:.0f}s", flush=True)

@@ -1,0 +1,51 @@
+"""``TrainSpec``: a recipe's heavy half, the hooks that the generic loop, registration and evaluation call.
+
+A recipe either gives the loop its hooks (``build_model``, ``batch_transform``, ``loss``) and gets DDP,
+accumulation, autocast, LR schedule, checkpoints with the loader's state, heartbeats, throughput and
+the result file from ``pipeline.train.loop``; or it gives ``run``, a per-rank body for a framework
+trainer (Lightning, Hugging Face Trainer) that reaches the same ``RunContext`` through callbacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class ModelPackage:
+    """What registration logs: a models-from-code pyfunc file that imports neither ``pipeline`` nor the
+    recipe, the artifacts it loads, and an input example (from which the signature is inferred)."""
+
+    python_model: str
+    artifacts: dict[str, str]
+    input_example: Any
+    pip_requirements: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec:
+    # build_model(cfg, data) -> nn.Module, built the same on every rank (the loop seeds first).
+    build_model: Callable[..., Any] | None = None
+    # batch_transform(cfg, data, train) -> picklable callable(columns) -> dict of tensors; train=True augments.
+    batch_transform: Callable[..., Callable[[dict[str, Any]], dict[str, Any]]] | None = None
+    # loss(cfg, model, batch) -> (loss summed over the batch's samples, {metric: sum over the samples});
+    # model.training tells a training step from validation.
+    loss: Callable[..., tuple[Any, dict[str, Any]]] | None = None
+    # export(model, cfg, data, out_dir) -> {name: file}: rank 0 writes what packaging needs (no pickled classes).
+    export: Callable[..., dict[str, str]] | None = None
+    # run(cfg, ctx: RunContext, data) -> metrics dict: a framework trainer's per-rank body instead of the loop.
+    run: Callable[..., dict[str, float]] | None = None
+    # package(trained result, data, tmp_dir) -> ModelPackage.
+    package: Callable[..., ModelPackage] | None = None
+    # evaluation_inputs(data, split) -> (what the registered model takes, label indices).
+    evaluation_inputs: Callable[..., tuple[Any, Any]] | None = None
+    # The evaluator: metrics with directions, scoring, the report (pipeline.evaluate.classification).
+    evaluator: Any = None
+    # tokens(batch) -> tokens in the batch, for tokens/s (language models); None counts samples only.
+    tokens: Callable[[dict[str, Any]], int] | None = None
+
+    def __post_init__(self) -> None:
+        loop_hooks = (self.build_model, self.batch_transform, self.loss, self.export)
+        if self.run is None and not all(loop_hooks):
+            raise TypeError("a TrainSpec needs run, or build_model, batch_transform, loss and export for the loop")
