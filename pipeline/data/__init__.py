@@ -1,11 +1,23 @@
 """Data preparation: raw sources -> validated, versioned MDS datasets with a manifest."""
 
+from __future__ import annotations
 
-def local_path(uri: str):
-    """The local folder behind a dataset URI (``file://...``) or plain path."""
-    from pathlib import Path
+from pathlib import Path
 
-    return Path(uri.removeprefix("file://"))
+
+def local_path(uri: str) -> Path:
+    """The local path behind a ``file:`` URI (``file:///p``, ``file://localhost/p``, ``file:/p``, with
+    its percent-escapes decoded: ``Path.as_uri`` writes a space as ``%20``), or a plain path as is."""
+    from urllib.parse import unquote, urlsplit
+
+    from pipeline.errors import DataError
+
+    if not uri.startswith("file:"):
+        return Path(uri)
+    parts = urlsplit(uri)
+    if parts.netloc not in ("", "localhost"):
+        raise DataError(f"{uri}: a file URI of host {parts.netloc!r}; expected a local one (file:///PATH)")
+    return Path(unquote(parts.path))
 
 
 def dataset_uris(dataset: dict) -> list[str]:

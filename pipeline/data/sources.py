@@ -15,6 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
+from pipeline.data import local_path
 from pipeline.errors import DataError
 
 FORMATS = ("parquet", "csv", "jsonl", "idx", "image_folder")
@@ -72,7 +73,8 @@ def open_input(input_path: str, fmt: str = "auto") -> Input:
     if not input_path:
         raise DataError("data.input_path is empty: expected a file, a folder or a URI (file://, s3://, ...)")
     try:
-        fs, root = fsspec.core.url_to_fs(input_path)
+        # fsspec keeps a file URI's percent-escapes (a space stays %20): local files go by their path.
+        fs, root = fsspec.core.url_to_fs(str(local_path(input_path)) if input_path.startswith("file:") else input_path)
     except (ImportError, ValueError) as exc:
         raise DataError(f"data.input_path {input_path!r}: no filesystem for it ({exc}); install the fsspec "
                         f"package of that store (s3fs, gcsfs, adlfs)") from exc

@@ -1,6 +1,7 @@
 """Every source format to MDS and back through StreamingDataset: values, types and labels survive."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -8,7 +9,8 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data import mds, prep
+from pipeline.data import local_path, mds, prep
+from pipeline.data.reading import TrainingData
 from pipeline.data.demo import write_idx
 from pipeline.errors import ConfigError, DataError
 from tests.datafiles import cfg, image_bytes, read_rows, table, write_image_folder, write_parquet
@@ -125,6 +127,32 @@ def test_file_uri_and_an_fsspec_store(tmp_path):
     assert remote["sources"][0]["path"] == "memory:///bucket/raw/part-0.parquet"
     assert remote["sources"][0]["sha256"] == by_uri["sources"][0]["sha256"]  # the same bytes
     assert sum(remote["splits"].values()) == 300
+
+
+@pytest.mark.parametrize("uri, path", [
+    ("file:///data/my%20runs%25/v1", "/data/my runs%/v1"),
+    ("file://localhost/data/my%20runs%25/v1", "/data/my runs%/v1"),
+    ("file:/data/a%20b", "/data/a b"),
+    ("/data/my runs%20/v1", "/data/my runs%20/v1"),  # a plain path is taken as it is
+])
+def test_local_path_decodes_file_uris(uri, path):
+    assert local_path(uri) == Path(path)
+
+
+def test_local_path_refuses_another_hosts_file_uri():
+    with pytest.raises(DataError, match="a file URI of host 'nas'"):
+        local_path("file://nas/data/v1")
+
+
+def test_a_home_with_a_space_and_a_percent_sign(tmp_path):
+    home = tmp_path / "pipeline home 100%"
+    write_parquet(home / "raw" / "in.parquet", table(300))
+    manifest = prep.prepare(cfg((home / "raw" / "in.parquet").as_uri()), name="t", out_root=home / "data")
+    assert "%20" in manifest["uri"] and "%25" in manifest["uri"]  # a URI, percent-encoded
+    assert local_path(manifest["uri"]) == home / "data" / "t" / manifest["version"]
+    data = TrainingData.open([manifest["uri"]], home / "cache")
+    frame, labels = data.frame("train")
+    assert len(frame) == len(labels) == manifest["splits"]["train"]
 
 
 def test_batch_encoding_is_byte_identical_to_mdswriter():

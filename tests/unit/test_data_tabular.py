@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.data import prep, splits
+from pipeline.data import local_path, prep, splits
 from pipeline.data.reading import TrainingData
 from pipeline.errors import DataError
 from tests.datafiles import table as make_table
@@ -21,7 +21,7 @@ def test_parquet_to_mds_round_trip(tmp_path):
     table = make_table()
     pq.write_table(table, tmp_path / "in.parquet", row_group_size=100)
     manifest = prep.prepare(_cfg(tmp_path / "in.parquet", batch_rows=128), name="t", out_root=tmp_path / "out")
-    dataset_dir = Path(manifest["uri"].removeprefix("file://"))
+    dataset_dir = local_path(manifest["uri"])
 
     assert manifest["splits"]["train"] + manifest["splits"]["val"] + manifest["splits"]["test"] == 600
     assert len(list((dataset_dir / "train").glob("part-*/shard.*.mds.zstd"))) > 1  # the size limit forced shards
@@ -50,7 +50,7 @@ def test_parquet_to_mds_round_trip(tmp_path):
 def test_statistics_come_from_the_training_split(tmp_path):
     pq.write_table(make_table(), tmp_path / "in.parquet")
     manifest = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
-    dataset_dir = Path(manifest["uri"].removeprefix("file://"))
+    dataset_dir = local_path(manifest["uri"])
     preprocessing = prep.read_preprocessing(dataset_dir)
     train, _ = TrainingData.open([manifest["uri"]], tmp_path / "cache").frame("train")
     assert preprocessing["mean"][0] == pytest.approx(train["a"].mean(), abs=1e-5)
@@ -60,11 +60,11 @@ def test_statistics_come_from_the_training_split(tmp_path):
 def test_same_inputs_give_the_same_version_and_skip_the_work(tmp_path):
     pq.write_table(make_table(), tmp_path / "in.parquet")
     first = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
-    index = (Path(first["uri"].removeprefix("file://")) / "train" / "index.json").read_bytes()
+    index = (local_path(first["uri"]) / "train" / "index.json").read_bytes()
     second = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     assert (first["skipped"], second["skipped"]) == (False, True)
     assert second["version"] == first["version"]
-    assert (Path(second["uri"].removeprefix("file://")) / "train" / "index.json").read_bytes() == index
+    assert (local_path(second["uri"]) / "train" / "index.json").read_bytes() == index
     changed = prep.prepare(_cfg(tmp_path / "in.parquet", split_seed=1), name="t", out_root=tmp_path / "out")
     assert changed["version"] != first["version"]
     assert not [p for p in (tmp_path / "out" / "t").iterdir() if p.name.startswith(".tmp")]
@@ -130,4 +130,4 @@ def test_a_folder_of_parquet_files_is_one_input(tmp_path):
     manifest = prep.prepare(_cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
     assert sum(manifest["splits"].values()) == 400
     assert [Path(s["path"]).name for s in manifest["sources"]] == ["part-0.parquet", "part-1.parquet"]
-    assert json.loads((Path(manifest["uri"].removeprefix("file://")) / "manifest.json").read_text())["version"] == manifest["version"]
+    assert json.loads((local_path(manifest["uri"]) / "manifest.json").read_text())["version"] == manifest["version"]
