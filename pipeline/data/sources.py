@@ -42,6 +42,7 @@ class Unit:
     files: tuple[SourceFile, ...]
     start: int = 0
     stop: int = -1  # exclusive; -1 is "to the end"
+    size_bytes: int = 0  # uncompressed input bytes, as far as known before reading: what the work is sized by
 
 
 @dataclass
@@ -193,25 +194,26 @@ def plan_units(inp: Input, *, unit_bytes: int) -> list[Unit]:
             for g in range(meta.num_row_groups):
                 size += meta.row_group(g).total_byte_size
                 if size >= unit_bytes:
-                    units.append(Unit(len(units), (f,), start, g + 1))
+                    units.append(Unit(len(units), (f,), start, g + 1, size))
                     start, size = g + 1, 0
             if start < meta.num_row_groups or meta.num_row_groups == 0:
-                units.append(Unit(len(units), (f,), start, meta.num_row_groups))
+                units.append(Unit(len(units), (f,), start, meta.num_row_groups, size))
     elif inp.fmt == "idx":
         for f in inp.files:
             count, row_bytes = _idx_count(f)
             rows = max(1, unit_bytes // row_bytes)
             for start in range(0, max(count, 1), rows):
-                units.append(Unit(len(units), (f,), start, min(start + rows, count)))
+                stop = min(start + rows, count)
+                units.append(Unit(len(units), (f,), start, stop, (stop - start) * row_bytes))
     elif inp.fmt == "image_folder":
         start, size = 0, 0
         for i, f in enumerate(inp.files):
             size += f.size
             if size >= unit_bytes or i == len(inp.files) - 1:
-                units.append(Unit(len(units), tuple(inp.files[start:i + 1])))
+                units.append(Unit(len(units), tuple(inp.files[start:i + 1]), size_bytes=size))
                 start, size = i + 1, 0
-    else:  # CSV and JSON Lines stream from the start: one unit per file
-        units = [Unit(i, (f,)) for i, f in enumerate(inp.files)]
+    else:  # CSV and JSON Lines stream from the start: one unit per file (compressed ones count their file size)
+        units = [Unit(i, (f,), size_bytes=f.size) for i, f in enumerate(inp.files)]
     return units
 
 
@@ -357,7 +359,7 @@ def stage_idx(units: list[Unit], folder: Path) -> list[Unit]:
         return copies[uri]
 
     return [Unit(u.index, tuple(SourceFile(f.uri, f.relpath, f.size, f.partner, (local(f.uri), local(f.partner)))
-                                for f in u.files), u.start, u.stop) for u in units]
+                                for f in u.files), u.start, u.stop, u.size_bytes) for u in units]
 
 
 def _read_idx(unit: Unit, batch_rows: int) -> Iterator[Batch]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline import settings
-from pipeline.data import prep, windows
+from pipeline.data import convert, prep, sources, windows
 from pipeline.data.reading import TrainingData
 from pipeline.errors import DataError
 from tests.datafiles import cfg, dataset_dir, published, read_rows, table, write_parquet
@@ -24,7 +24,8 @@ def _index_bytes(manifest) -> dict[str, bytes]:
     return {s: (dataset_dir(manifest) / s / "index.json").read_bytes() for s in ("train", "val", "test")}
 
 
-def test_rerun_is_skipped_and_the_output_is_the_same_for_any_worker_count(tmp_path):
+def test_rerun_is_skipped_and_the_output_is_the_same_for_any_worker_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(convert, "WORKER_START_S", 0.0)  # a pool even for this small job
     write_parquet(tmp_path / "in.parquet", table(3000), row_group_size=100)
     one = prep.prepare(cfg(tmp_path / "in.parquet", workers=1, unit_bytes=8_000), name="t", out_root=tmp_path / "one")
     two = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "two")
@@ -58,9 +59,10 @@ def test_the_shard_hashes_in_the_manifest_match_the_files(tmp_path):
 
 _KILL_SCRIPT = """
 import sys
-from pipeline.data import prep
+from pipeline.data import convert, prep
 from tests.datafiles import cfg
 if __name__ == "__main__":
+    convert.WORKER_START_S = 0.0  # a pool even for this small job
     prep.prepare(cfg(sys.argv[1], workers=2, unit_bytes=1, batch_rows=2_000), name="t", out_root=sys.argv[2])
 """
 
@@ -89,6 +91,29 @@ def test_a_kill_mid_write_publishes_nothing_and_a_rerun_publishes_a_good_version
     assert sum(manifest["splits"].values()) == 300_000
     assert published(out) == [dataset_dir(manifest) / "manifest.json"]
     assert [p.name for p in (out / "t").iterdir()] == [manifest["version"]]  # stale temporaries removed
+
+
+def test_the_worker_count_follows_the_planned_work():
+    def units(count: int, mib: int) -> list[sources.Unit]:
+        return [sources.Unit(i, (), size_bytes=mib << 20) for i in range(count)]
+
+    # 60,000 28x28 IDX images: well under a second of work, less than starting a worker costs.
+    assert convert.plan_workers(units(3, 15), "idx", 2) == 1
+    # 5,000,000 tabular rows: seconds of work for each of 2, 4 or 8 processes.
+    assert convert.plan_workers(units(28, 16), "parquet", 2) == 2
+    assert convert.plan_workers(units(28, 16), "parquet", 4) == 4
+    assert 4 < convert.plan_workers(units(28, 16), "parquet", 64) < 28  # not one process per unit
+    assert convert.plan_workers(units(1, 4096), "parquet", 4) == 1  # one unit: one process, however big
+
+
+def test_a_small_job_runs_in_the_preparing_process_alone(tmp_path, monkeypatch):
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a worker pool was started for a small job")
+
+    monkeypatch.setattr(convert, "ProcessPoolExecutor", no_pool)
+    write_parquet(tmp_path / "in.parquet", table(3000), row_group_size=100)
+    manifest = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "out")
+    assert manifest["units"] >= 4 and manifest["workers"] == 1
 
 
 def test_splits_stay_put_when_rows_are_appended(tmp_path):

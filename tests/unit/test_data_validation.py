@@ -10,7 +10,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data import prep
+from pipeline.data import convert, prep
 from pipeline.data.demo import write_idx
 from pipeline.errors import ConfigError, DataError, UserError
 from tests.datafiles import cfg, dataset_dir, published, table, write_image_folder, write_parquet
@@ -84,6 +84,26 @@ def _idx_wrong_magic(d):
     return d / "idx"
 
 
+def _numbers_as_text(rows: int = 200, bad_row: int = 150, token: str = "n/a") -> pa.Table:
+    """A numeric feature stored as text because of one stray token, as a CSV export or a pandas frame
+    with one unparsed value writes it."""
+    t = table(rows)
+    text = [f"{v:.6f}" for v in t.column("a").to_pylist()]
+    text[bad_row] = token
+    return t.set_column(0, "a", pa.array(text))
+
+
+def _csv_of(t: pa.Table):
+    def make(d):
+        pcsv.write_csv(t, d / "bad.csv")
+        return d / "bad.csv"
+    return make
+
+
+def _identifiers() -> pa.Table:
+    return table().append_column("user", pa.array([f"u-{i:05d}" for i in range(600)]))
+
+
 def _empty_folder(d):
     (d / "empty").mkdir()
     (d / "empty" / "notes.txt").write_text("no data here")
@@ -110,6 +130,12 @@ CORPUS = [
     ("null-feature", _parquet(_with("b", [1] * 42 + [None] + [1] * 557)), {}, DataError,
      "row 42, column 'b': value is null; expected a finite number"),
     ("text-in-a-number-csv", _csv_with_text_in_a_number, {}, DataError, "bad.csv: row 200, column 'a': value 'abc'; expected a number"),
+    ("numbers-as-text-parquet", _parquet(_numbers_as_text()), {}, DataError,
+     "bad.parquet: row 150, column 'a': value 'n/a'; expected a number: 199 of the column's first 200 values are numbers"),
+    ("numbers-as-text-csv", _csv_of(_numbers_as_text(token="?")), {}, DataError,
+     "bad.csv: row 150, column 'a': value '?'; expected a number"),
+    ("identifiers-as-text", _parquet(_identifiers()), {}, DataError,
+     "bad.parquet: row 0, column 'user': value 'u-00000' is one of 600 distinct values in the column's first 600 values"),
     ("jsonl-type-change", _jsonl_changing_type, {}, DataError, "bad.jsonl: not readable as JSON Lines"),
     ("float-label", _parquet(_with("label", [1.5] * 600)), {}, DataError, "label column 'label' has type double"),
     ("label-outside-classes", _parquet(_with("label", ["cat", "dog"] * 299 + ["bird", "cat"])),
@@ -137,6 +163,56 @@ def test_bad_input_fails_with_a_clear_error_and_nothing_is_published(tmp_path, m
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").rglob("*")) in ([], [tmp_path / "out" / "t"])
 
 
+@pytest.fixture
+def pool_for_any_job(monkeypatch):
+    """Workers even for these tiny inputs, which would otherwise run in the preparing process alone."""
+    monkeypatch.setattr(convert, "WORKER_START_S", 0.0)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_number_column_stored_as_text_fails_until_it_is_declared(tmp_path, fmt):
+    t = _numbers_as_text(token="-")
+    path = tmp_path / f"in.{fmt}"
+    write_parquet(path, t) if fmt == "parquet" else pcsv.write_csv(t, path)
+    with pytest.raises(DataError) as raised:
+        prep.prepare(cfg(path), name="t", out_root=tmp_path / "out")
+    message = str(raised.value)
+    assert message.startswith(f"{path}: row 150, column 'a': value '-'; expected a number")
+    assert "data.column_encodings ['a:float64']" in message and "data.categorical_columns ['a']" in message
+    assert published(tmp_path / "out") == []
+
+    # Declared numeric: the stray value is one bad row, quarantined here.
+    numeric = prep.prepare(cfg(path, column_encodings=["a:float64"], on_bad_rows="quarantine"), name="n",
+                           out_root=tmp_path / "out")
+    assert numeric["schema"]["numeric_columns"] == ["a", "b"] and numeric["bad_rows"]["count"] == 1
+    (row,) = pq.read_table(dataset_dir(numeric) / "quarantine.parquet").to_pylist()
+    assert row["a"] == "-" and row["_source"].endswith("row 150")
+    # Declared categorical: accepted as text, a category per value.
+    categorical = prep.prepare(cfg(path, categorical_columns=["a"]), name="c", out_root=tmp_path / "out")
+    assert categorical["schema"]["categorical_columns"] == ["a", "color"]
+    assert len(prep.read_preprocessing(dataset_dir(categorical))["vocab"]["a"]) > 100
+
+
+def test_a_text_column_with_a_value_per_row_fails_unless_declared(tmp_path):
+    write_parquet(tmp_path / "in.parquet", _identifiers())
+    with pytest.raises(DataError, match=r"'u-00000' is one of 600 distinct values.*data.categorical_columns \['user'\]"
+                                        r"; or, if it identifies rows, name it data.key_column"):
+        prep.prepare(cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    as_key = prep.prepare(cfg(tmp_path / "in.parquet", key_column="user"), name="k", out_root=tmp_path / "out")
+    assert as_key["schema"]["categorical_columns"] == ["color"]
+    declared = prep.prepare(cfg(tmp_path / "in.parquet", categorical_columns=["user"]), name="c", out_root=tmp_path / "out")
+    assert declared["schema"]["categorical_columns"] == ["color", "user"]
+
+
+def test_text_categories_that_repeat_are_categorical(tmp_path):
+    # 300 categories over 600 rows: half as many as rows, well below a value per row.
+    t = table().append_column("city", pa.array([f"city-{i % 300}" for i in range(600)]))
+    write_parquet(tmp_path / "in.parquet", t)
+    manifest = prep.prepare(cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    assert manifest["schema"]["categorical_columns"] == ["color", "city"]
+
+
+@pytest.mark.usefixtures("pool_for_any_job")
 def test_the_same_error_whatever_the_worker_count(tmp_path):
     bad = _with("a", [1.0] * 599 + [float("nan")])
     write_parquet(tmp_path / "bad.parquet", bad)
@@ -158,6 +234,7 @@ def _eight_bad_rows() -> pa.Table:
     return t.set_column(0, "a", pa.array(a)).set_column(3, "label", pa.array(labels))
 
 
+@pytest.mark.usefixtures("pool_for_any_job")
 def test_quarantine_keeps_bad_rows_beside_the_dataset_and_counts_them(tmp_path):
     write_parquet(tmp_path / "in.parquet", _eight_bad_rows())
     manifest = prep.prepare(
@@ -165,7 +242,7 @@ def test_quarantine_keeps_bad_rows_beside_the_dataset_and_counts_them(tmp_path):
         name="t", out_root=tmp_path / "out")
     assert manifest["bad_rows"] == {"count": 8, "read": 600, "fraction": round(8 / 600, 6), "policy": "quarantine",
                                     "quarantine": "quarantine.parquet"}
-    assert sum(manifest["splits"].values()) == 592
+    assert sum(manifest["splits"].values()) == 592 and manifest["workers"] == 2
     quarantined = pq.read_table(dataset_dir(manifest) / "quarantine.parquet").to_pylist()
     assert sorted(int(q["_source"].rsplit("row ", 1)[1]) for q in quarantined) == [3, 10, 20, 30, 50, 51, 300, 599]
     assert {q["_column"] for q in quarantined} == {"a", "label"}
@@ -192,7 +269,8 @@ def test_quarantine_of_an_undecodable_image(tmp_path):
 
 def test_quarantine_of_text_in_a_csv_number(tmp_path):
     path = _csv_with_text_in_a_number(tmp_path)
-    manifest = prep.prepare(cfg(path, on_bad_rows="quarantine"), name="t", out_root=tmp_path / "out")
+    manifest = prep.prepare(cfg(path, on_bad_rows="quarantine", column_encodings=["a:float64"]), name="t",
+                            out_root=tmp_path / "out")
     assert manifest["bad_rows"]["count"] == 1 and sum(manifest["splits"].values()) == 299
     (row,) = pq.read_table(dataset_dir(manifest) / "quarantine.parquet").to_pylist()
     assert row["a"] == "abc" and row["_error"] == "value 'abc'; expected a number"

@@ -1,0 +1,202 @@
+"""Dataset versions: the content digest that names a version, the manifest and statistics that
+describe it, the atomic rename that publishes it, and reading them back.
+
+A version is written to ``NAME/.tmp-VERSION-HOST-PID-NONCE/`` and renamed to ``NAME/VERSION/`` after
+its ``manifest.json``, written last, marks it complete; readers only look at folders with a manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import DataConfig
+from pipeline.data import mds, sources, splits
+from pipeline.data.schema import Plan
+from pipeline.data.stats import Stats
+from pipeline.data.validate import BAD_EXAMPLES
+from pipeline.errors import DataError
+from pipeline.processes import alive
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2
+MANIFEST = "manifest.json"
+PREPROCESSING = "preprocessing.json"
+STATS = "stats.json"
+QUARANTINE = "quarantine.parquet"
+TMP_PREFIX = ".tmp-"
+STALE_TMP_S = 24 * 3600  # a temporary folder this old is a dead writer's, whatever host it was on
+
+
+def read_manifest(dataset_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(dataset_dir) / MANIFEST).read_text())
+
+
+def read_preprocessing(dataset_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(dataset_dir) / PREPROCESSING).read_text())
+
+
+def read_stats(dataset_dir: Path) -> Stats:
+    return Stats.from_dict(json.loads((Path(dataset_dir) / STATS).read_text()))
+
+
+def remove_stale_temporaries(parent: Path) -> None:
+    """Delete temporary folders of writers that died (killed, crashed host): readers never look at
+    them, but they hold disk. A folder is stale when its writer's process is gone from this host, or
+    when it is older than a day."""
+    host = socket.gethostname()
+    for path in parent.glob(f"{TMP_PREFIX}*"):
+        try:
+            _, _, tail = path.name.removeprefix(TMP_PREFIX).partition("-")  # version-host-pid-nonce
+            writer_host, pid, _ = tail.rsplit("-", 2)
+            age_s = time.time() - path.stat().st_mtime
+        except (ValueError, OSError):
+            continue
+        if (writer_host == host and not alive(int(pid))) or age_s > STALE_TMP_S:
+            log.info("removing %s, left by a writer that is gone", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def temporary_folder(final: Path) -> Path:
+    """A new, empty folder beside ``final`` to write the version into; its name says whose it is."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(final.parent)
+    tmp = final.parent / f"{TMP_PREFIX}{final.name}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Rename the complete version into place; a copy another writer published first is kept."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not (final / MANIFEST).exists():
+            raise
+        log.info("version %s was published concurrently; keeping that copy", final.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def describe(f: sources.SourceFile) -> dict[str, Any]:
+    import fsspec
+
+    digest = hashlib.sha256()
+    for uri in filter(None, (f.uri, f.partner)):
+        with fsspec.open(uri, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return {"path": f.uri, "relpath": f.relpath, "bytes": f.size, "sha256": digest.hexdigest()}
+
+
+_NOT_IN_VERSION = ("input_path", "format", "batch_rows", "workers", "max_bad_fraction", "partition_key",
+                   "window_intervals")
+
+
+def content_version(described: list[dict[str, Any]], cfg: DataConfig, fmt: str, interval: tuple[str, str] | None) -> str:
+    """Content digest of the inputs (bytes and names: names key the splits) and of every setting that
+    changes the output. Worker count and batch size do not: the output is the same for any."""
+    relevant = {k: v for k, v in asdict(cfg).items() if k not in _NOT_IN_VERSION}
+    blob = json.dumps({
+        "format_version": FORMAT_VERSION, "input_format": fmt, "config": relevant,
+        "interval": list(interval) if interval else None,
+        "inputs": [[d["relpath"], d["sha256"]] for d in described],
+    }, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, tmp: Path,
+             described: list[dict[str, Any]], results: list[dict[str, Any]], interval, started: float,
+             timings: dict[str, float], *, workers: int) -> dict[str, Any]:
+    """Merge the workers' parts, statistics and quarantines; check the whole; write the manifest last."""
+    read = sum(r["read"] for r in results)
+    bad = sum(r["bad"] for r in results)
+    if read == 0:
+        raise DataError(f"{cfg.input_path}: the input has no rows")
+    if bad:
+        examples = [e for r in results for e in r["bad_examples"]][:BAD_EXAMPLES]
+        log.warning("%d of %d rows are bad and quarantined; first: %s", bad, read, "; ".join(examples))
+        if bad / read > cfg.max_bad_fraction:
+            raise DataError(
+                f"{cfg.input_path}: {bad} of {read} rows ({bad / read:.2%}) are bad, more than "
+                f"data.max_bad_fraction={cfg.max_bad_fraction}; first: {'; '.join(examples)}"
+            )
+    stats = Stats(plan.numeric_columns, plan.categorical_columns, plan.label_kind)
+    for r in results:
+        stats.merge(Stats.from_dict(r["stats"]))
+    prep = stats.preprocessing(plan.declared_classes)
+    if len(prep["label_classes"]) < 2:
+        raise DataError(
+            f"{cfg.input_path}: label column {plan.label_column!r} has {len(prep['label_classes'])} distinct "
+            f"value(s) {prep['label_classes']}; expected at least 2 classes"
+        )
+    rows = {s: sum(r["rows"][s] for r in results) for s in splits.SPLITS}
+    if rows["train"] == 0 or rows["test"] == 0:
+        raise DataError(
+            f"{cfg.input_path}: splits came out with rows {rows}; the train and test splits need at least "
+            f"one row each (more input rows or other split fractions)"
+        )
+    shards = {}
+    for split in splits.SPLITS:
+        shards[split] = [
+            {"basename": s["zip_data"]["basename"] if s.get("zip_data") else s["raw_data"]["basename"],
+             "samples": s["samples"],
+             **(s["zip_data"] or s["raw_data"])["hashes"]}
+            for s in mds.merge_parts(tmp / split)
+        ]
+    quarantine = None
+    if bad:
+        quarantine = _merge_quarantine(tmp)
+    sample_rows = next((r["sample_rows"] for r in results if r["sample_rows"]), [])
+    _write_json(tmp / STATS, stats.to_dict())
+    _write_json(tmp / PREPROCESSING, prep)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "version": version,
+        "uri": final.as_uri(),
+        "created_at": datetime.now(timezone.utc).isoformat(),
+        "interval": {"start": interval[0], "end": interval[1]} if interval else None,
+        "sources": described,
+        "config": asdict(cfg),
+        "schema": plan.schema(),
+        "label_classes": prep["label_classes"],
+        "splits": rows,
+        "shards": shards,
+        "bad_rows": {"count": bad, "read": read, "fraction": round(bad / read, 6), "policy": plan.on_bad_rows,
+                     "quarantine": QUARANTINE if quarantine else None},
+        "sample_rows": sample_rows,
+        "workers": workers,  # the processes that converted, this one included
+        "units": len(results),
+        "prep_wall_s": round(time.perf_counter() - started, 3),
+    }
+    # Where the time went: hashing the inputs, planning (and staging IDX), converting, merging.
+    timings["merge"] = manifest["prep_wall_s"] - sum(timings.values())
+    manifest["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    _write_json(tmp / MANIFEST, manifest)  # written last: its presence marks a complete version
+    return manifest
+
+
+def _merge_quarantine(tmp: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = sorted((tmp / "_quarantine").glob("part-*.parquet"))
+    table = pa.concat_tables([pq.read_table(p) for p in parts], promote_options="permissive")
+    pq.write_table(table, tmp / QUARANTINE)
+    shutil.rmtree(tmp / "_quarantine")
+    return tmp / QUARANTINE
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2, default=str))
