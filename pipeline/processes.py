@@ -1,36 +1,42 @@
-"""What /proc says about processes: alive or not, and who descends from whom (Linux)."""
+"""What the process table says (through psutil): alive or not, and who descends from whom."""
 
 from __future__ import annotations
 
 import os
 
+import psutil
+
 
 def stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, process group) of ``pid``, or None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # the name in brackets may hold spaces
-    except (FileNotFoundError, ProcessLookupError):
+    """(status, parent pid, process group) of ``pid``, or None when there is no such process; the
+    status is psutil's (``psutil.STATUS_ZOMBIE``, ``STATUS_RUNNING``, ...)."""
+    if pid <= 0:
         return None
-    return fields[0], int(fields[1]), int(fields[2])
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            return process.status(), process.ppid(), os.getpgid(pid)
+    except (psutil.NoSuchProcess, ProcessLookupError):
+        return None
 
 
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
     found = stat(pid)
-    return found is not None and found[0] != "Z"
+    return found is not None and found[0] != psutil.STATUS_ZOMBIE
 
 
 def descendants(root: int) -> list[int]:
     """Live (non-zombie) descendants of ``root``, parents before children."""
-    children: dict[int, list[int]] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        found = stat(int(pid))
-        if found and found[0] != "Z":
-            children.setdefault(found[1], []).append(int(pid))
-    result, queue = [], list(children.get(root, []))
-    while queue:
-        pid = queue.pop(0)
-        result.append(pid)
-        queue.extend(children.get(pid, []))
-    return result
+    try:
+        children = psutil.Process(root).children(recursive=True)  # each after its parent
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import time
 
-from pipeline.processes import stat
+import psutil
 
 
 def cmdline(pid: int) -> bytes:
+    """The command line of ``pid`` as the kernel keeps it (arguments ended by NUL bytes); empty when
+    the process is gone, a zombie or not ours to read."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read()
-    except OSError:
+        return b"".join(arg.encode() + b"\0" for arg in psutil.Process(pid).cmdline())
+    except psutil.Error:
         return b""
 
 
 def pids_with(marker: str) -> list[int]:
     """Live processes whose command line contains ``marker``."""
-    return [int(pid) for pid in filter(str.isdigit, os.listdir("/proc")) if marker.encode() in cmdline(int(pid))]
+    return [p.pid for p in psutil.process_iter() if marker.encode() in cmdline(p.pid)]
 
 
 def wait_until_gone(marker: str, timeout_s: float = 10) -> list[int]:
@@ -30,4 +30,4 @@ def wait_until_gone(marker: str, timeout_s: float = 10) -> list[int]:
 
 
 def parent(pid: int) -> int:
-    return stat(pid)[1]
+    return psutil.Process(pid).ppid()
