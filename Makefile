@@ -1,7 +1,8 @@
-# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the whole suite).
+# Two commands on a fresh machine: `make demo` (the main job; RECIPE=name for another) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+RECIPE ?= tabular_mlp
 
 .PHONY: demo test airflow venv clean
 
@@ -14,7 +15,7 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 demo: venv
-	$(PY) -m pipeline.demo $(ARGS)
+	$(PY) -m pipeline.demo --recipe $(RECIPE) $(ARGS)
 
 test: venv
 	$(PY) -m pytest $(ARGS)

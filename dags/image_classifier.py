@@ -1,5 +1,6 @@
-"""Image classifier: IDX files or class folders of PNG/JPEG -> MDS -> a small ResNet trained with torchrun DDP
--> MLflow registry -> evaluate (accuracy, macro-F1, per-class F1, confusion matrix) -> (approve) -> promote."""
+"""The Airflow DAG of the image classifier recipe: IDX files or class folders of PNG/JPEG -> MDS -> a small
+ResNet trained with torchrun DDP -> MLflow registry -> evaluate (accuracy, macro-F1, per-class F1, confusion
+matrix) -> (approve) -> promote."""
 
 from pipeline.dag_factory import recipe_dag
 

@@ -1,4 +1,4 @@
-"""`make demo`: generate the demo Parquet, run the `tabular_mlp` DAG through Airflow, summarize.
+"""`make demo [RECIPE=name]`: write the recipe's demo data, run its DAG through Airflow, summarize.
 
 Runs on the embedded default (SQLite Airflow, local MLflow, local torchrun). The last line printed
 is one JSON object with the dataset, the model version and aliases, test metrics and stage times.
@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline import settings
 
-DAG_ID = "tabular_mlp"
+DEFAULT_RECIPE = "tabular_mlp"
 
 
 def run_dag(dag_id: str, conf: dict[str, Any], dag_file: Path | None = None):
@@ -44,6 +44,7 @@ def migrate_airflow_db() -> None:
 
 def human_summary(summary: dict[str, Any], total_s: float) -> str:
     metrics = summary["test_metrics"]
+    baseline = f" (majority class {metrics['majority_rate']:.4f})" if "majority_rate" in metrics else ""
     lines = [
         "",
         "=" * 72,
@@ -52,13 +53,13 @@ def human_summary(summary: dict[str, Any], total_s: float) -> str:
         f"rows      " + ", ".join(f"{k} {v:,}" for k, v in summary["dataset"]["rows"].items()),
         f"model     {summary['model']['name']} version {summary['model']['version']} "
         f"aliases {summary['model']['aliases']}",
-        f"test      accuracy {metrics['accuracy']:.4f} (majority class {metrics['majority_rate']:.4f}), "
-        f"macro F1 {metrics['macro_f1']:.4f}, log-loss {metrics['log_loss']:.4f}",
+        "test      " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("rows", "majority_rate"))
+        + baseline,
     ]
     champion = summary["champion_before"]
     if champion:
-        lines.append(f"champion  version {champion['version']} before this run: accuracy "
-                     f"{champion['metrics']['accuracy']:.4f}")
+        lines.append(f"champion  version {champion['version']} before this run: "
+                     + ", ".join(f"{k} {v:.4f}" for k, v in champion["metrics"].items() if k != "rows"))
     lines += [
         f"promotion {'promoted' if summary['promoted'] else 'not promoted'}: {summary['reason']}",
         "stages    " + ", ".join(f"{k} {v:.1f}s" for k, v in summary["wall_s"].items()) + f"; total {total_s:.1f}s",
@@ -69,26 +70,23 @@ def human_summary(summary: dict[str, Any], total_s: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.demo", description=__doc__)
-    parser.add_argument("--rows", type=int, default=60_000, help="rows of demo data to generate (default 60000)")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"recipe (and DAG) to run (default {DEFAULT_RECIPE})")
     parser.add_argument("--conf", default="{}", help="extra DAG run conf as JSON, e.g. '{\"epochs\": 3}'")
     args = parser.parse_args(argv)
 
     settings.apply_airflow_env()
     started = time.perf_counter()
-    from pipeline.data import demo
-    from pipeline.recipes import tabular_mlp
+    from pipeline.recipes import get_recipe
 
-    input_path = Path(tabular_mlp.demo_input_path())
-    if not input_path.exists():
-        print(f"writing {args.rows:,} demo rows to {input_path}", flush=True)
-        demo.write_parquet(input_path, args.rows)
+    recipe = get_recipe(args.recipe)
+    input_path = recipe.demo_input()
     migrate_airflow_db()
-    conf = {"input_path": str(input_path), **json.loads(args.conf)}
-    dag_run = run_dag(DAG_ID, conf)
+    conf = {"input_path": input_path, "variant": "demo", **json.loads(args.conf)}
+    dag_run = run_dag(recipe.name, conf)
     state = str(getattr(dag_run.state, "value", dag_run.state))
-    from pipeline.stages import RunInfo
+    from pipeline.run import RunInfo
 
-    summary_path = RunInfo(DAG_ID, dag_run.run_id).workdir / "summary.json"
+    summary_path = RunInfo(recipe.name, dag_run.run_id).workdir / "summary.json"
     if state != "success" or not summary_path.exists():
         print(f"DAG run {dag_run.run_id} ended in state {state}; see the task logs above", file=sys.stderr)
         return 1

@@ -12,7 +12,8 @@ HEAVY = ["torch", "mlflow", "pyarrow", "streaming", "transformers", "pandas"]
 
 
 def test_there_are_dag_files():
-    assert [p.name for p in DAG_FILES] == ["tabular_daily_prep.py", "tabular_mlp.py", "torchrun_example.py"]
+    assert [p.name for p in DAG_FILES] == ["image_classifier.py", "tabular_daily_prep.py", "tabular_mlp.py",
+                                           "torchrun_example.py"]
 
 
 def test_dag_bag_has_no_import_errors():
@@ -20,9 +21,10 @@ def test_dag_bag_has_no_import_errors():
 
     bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags"))
     assert bag.import_errors == {}
-    assert "tabular_mlp" in bag.dag_ids
-    dag = bag.dags["tabular_mlp"]
-    assert [t.task_id for t in dag.topological_sort()] == ["prepare_data", "train", "register_model", "evaluate", "approve", "promote"]
+    for recipe in ("tabular_mlp", "image_classifier"):  # one factory, the same stages
+        dag = bag.dags[recipe]
+        assert [t.task_id for t in dag.topological_sort()] == [
+            "prepare_data", "train", "register_model", "evaluate", "approve", "promote"]
 
 
 def test_importing_dag_files_imports_no_heavy_library():
@@ -43,7 +45,7 @@ def test_params_form_has_types_bounds_and_descriptions():
 
     dag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / "tabular_mlp.py")).dags["tabular_mlp"]
     schema = {name: param.schema for name, param in dag.params.items()}
-    assert set(schema) >= {"input_path", "label_column", "nproc_per_node", "epochs", "batch_size",
-                           "learning_rate", "hidden_sizes", "seed"}
+    assert set(schema) >= {"variant", "input_path", "label_column", "model_name", "nproc_per_node", "epochs",
+                           "batch_size", "learning_rate", "hidden_sizes", "seed"}
     assert schema["nproc_per_node"]["minimum"] == 1 and schema["nproc_per_node"]["type"] == "integer"
     assert all(param.description for param in dag.params.values())

@@ -2,11 +2,13 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from pipeline.demo import run_dag
-from pipeline.stages import RunInfo
+from pipeline.run import RunInfo
 from tests.processes import parent
+from tests.selfcontained import predict_in_fresh_interpreter
 
 pytestmark = pytest.mark.e2e
 
@@ -36,14 +38,14 @@ def _summary(dag_run) -> dict:
     return json.loads((RunInfo("tabular_mlp", dag_run.run_id).workdir / "summary.json").read_text())
 
 
-def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, demo_parquet):
+def test_runs_register_promote_and_compare_with_the_champion(airflow_db, demo_parquet, tmp_path):
     from pipeline.registry import models
     from pipeline.registry.tracking import RUN_KEY_TAG, client
 
-    # A model of its own: other tests of the session register tabular_mlp versions and champions.
+    # A model of its own (the model_name Param): other tests of the session register tabular_mlp versions.
     model = "tabular_mlp_two_runs"
-    conf = {"input_path": str(demo_parquet), **TINY,
-            "overrides": {**TINY["overrides"], "registry.model_name": model, "registry.experiment": model}}
+    conf = {"input_path": str(demo_parquet), **TINY, "model_name": model,
+            "overrides": {**TINY["overrides"], "registry.experiment": model}}
     first = run_dag("tabular_mlp", conf)
     assert _state(first) == "success"
     one = _summary(first)
@@ -52,21 +54,34 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     assert one["promoted"] and one["champion_before"] is None
     assert str(models.version_by_alias(model, "champion").version) == one["model"]["version"]
 
-    second = run_dag("tabular_mlp", {**conf, "seed": 1})
+    # The gate forced to pass: any challenger gains at least -1 accuracy.
+    second = run_dag("tabular_mlp", {**conf, "seed": 1,
+                                     "overrides": {**conf["overrides"], "evaluate.min_improvement": -1.0}})
     assert _state(second) == "success"
     two = _summary(second)
+    assert two["gate"]["passed"] and two["promoted"]
     assert two["dataset"]["version"] == one["dataset"]["version"] and two["dataset"]["reused"]
     assert two["model"]["version"] != one["model"]["version"]
     assert two["champion_before"]["version"] == one["model"]["version"]
     assert two["champion_before"]["metrics"]["rows"] == metrics["rows"]  # the same test split
 
     versions = client().search_model_versions(f"name = '{model}'")
-    assert sorted(v.tags[RUN_KEY_TAG] for v in versions) == sorted(f"tabular_mlp/{r.run_id}" for r in (first, second))
+    assert sorted(v.tags[RUN_KEY_TAG] for v in versions) == sorted(
+        f"tabular_mlp/{r.run_id}" for r in (first, second, third))
     second_version = client().get_model_version(model, two["model"]["version"])
-    assert second_version.tags["promotion.decision"] == ("promoted" if two["promoted"] else "rejected")
+    assert second_version.tags["promotion.decision"] == "promoted"
     assert second_version.tags["dataset.version"] == one["dataset"]["version"]
-    champion = str(models.version_by_alias(model, "champion").version)
-    assert champion == (two if two["promoted"] else one)["model"]["version"]
+    assert str(models.version_by_alias(model, "champion").version) == two["model"]["version"]
+
+    # The gate forced to fail: no challenger gains a whole unit of accuracy. The champion stays.
+    third = run_dag("tabular_mlp", {**conf, "seed": 2,
+                                    "overrides": {**conf["overrides"], "evaluate.min_improvement": 1.0}})
+    assert _state(third) == "success"
+    three = _summary(third)
+    assert not three["gate"]["passed"] and not three["promoted"]
+    assert "< required +1.0000" in three["gate"]["reason"]
+    assert client().get_model_version(model, three["model"]["version"]).tags["promotion.decision"] == "rejected"
+    assert str(models.version_by_alias(model, "champion").version) == two["model"]["version"]
 
     # Lineage: one MLflow run per DAG run, tagged, with the dataset as its input and the report as artifacts.
     mlflow_run = client().get_run(two["model"]["mlflow_run_id"])
@@ -81,7 +96,7 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     assert {"evaluation/report.html", "evaluation/confusion_matrix.png", "evaluation/training_curves.png"} <= artifacts
     for key in ("airflow.run_id", "airflow.url", "code.version", "config.digest"):
         assert second_version.tags[key] == tags[key]
-    assert second_version.tags["validation_status"] in ("passed", "failed")
+    assert second_version.tags["validation_status"] == "passed"
     assert json.loads(second_version.tags["validation.guardrails"])[0]["metric"] == "macro_f1"
     assert two["gate"]["primary"]["champion"] == pytest.approx(metrics["accuracy"], abs=1e-6)
     train_loss = client().get_metric_history(mlflow_run.info.run_id, "train_loss")
@@ -94,13 +109,44 @@ def test_two_runs_register_promote_and_compare_with_the_champion(airflow_db, dem
     assert links["register_model"].endswith(f"/#/models/{model}/versions/{two['model']['version']}")
     assert links["evaluate"].endswith("/artifacts/evaluation/report.html")
 
-    # The registered model scores raw rows straight from the input Parquet.
+    # The registered model scores raw rows straight from the input Parquet, in an interpreter where this
+    # project cannot be imported.
     import mlflow.pyfunc
     import pyarrow.parquet as pq
 
     rows = pq.read_table(demo_parquet).slice(0, 8).to_pandas().drop(columns=["label"])
     scored = mlflow.pyfunc.load_model(f"models:/{model}@champion").predict(rows)
     assert len(scored) == 8 and set(scored["prediction"]) <= {0, 1, 2}
+    assert predict_in_fresh_interpreter(f"models:/{model}@champion", rows, tmp_path) == [
+        str(p) for p in scored["prediction"]]
+
+
+def test_a_champion_trained_on_other_columns_is_not_comparable_and_is_kept(airflow_db, demo_parquet, tmp_path):
+    """Triggering the DAG on another table under the same model name: the gate fails with the reason,
+    evaluate is not retried, the run ends cleanly and the champion stays."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.registry import models
+
+    model = "tabular_mlp_other_tables"
+    conf = {**TINY, "model_name": model, "epochs": 1}
+    first = run_dag("tabular_mlp", {**conf, "input_path": str(demo_parquet)})
+    assert _state(first) == "success"
+    champion = _summary(first)["model"]["version"]
+
+    rng = np.random.default_rng(0)
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"height": rng.normal(size=600), "weight": rng.normal(size=600),
+                             "label": rng.integers(0, 2, size=600)}), other)
+    second = run_dag("tabular_mlp", {**conf, "input_path": str(other)})
+    assert _state(second) == "success"
+    tries = {ti.task_id: ti.try_number for ti in second.get_task_instances()}
+    assert tries["evaluate"] == 1
+    summary = _summary(second)
+    assert not summary["gate"]["passed"] and not summary["promoted"]
+    assert "champion not comparable" in summary["gate"]["reason"] and "height" in summary["gate"]["reason"]
+    assert str(models.version_by_alias(model, "champion").version) == champion
 
 
 def test_a_bad_param_is_refused_when_the_run_is_triggered(airflow_db, demo_parquet):

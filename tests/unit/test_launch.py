@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipeline.errors import TrainingFailed
+from pipeline.errors import RankUserError, TrainingFailed, UserError
 from pipeline.launch.local import run_torchrun
 from tests.processes import cmdline, pids_with, wait_until_gone
 
@@ -27,6 +27,13 @@ SCRIPT = textwrap.dedent(
         mode = sys.argv[1]
         if mode == "fail" and rank == 1:
             raise ValueError("boom from rank 1")
+        if mode == "user_error" and rank == 1:
+            from pipeline.errors import DataError, user_errors_reported
+
+            with user_errors_reported():
+                raise DataError("shard 3, row 17, column 'x': value 'abc'; expected a number")
+        if mode == "crash" and rank == 1:
+            os._exit(3)  # a rank dying the way an OOM kill or a lost device does: no error of the user's
         if mode == "sleep":
             time.sleep(600)
 
@@ -57,6 +64,50 @@ def test_a_failing_rank_fails_the_launch_with_its_traceback(script_dir, tmp_path
     message = str(err.value)
     assert "torchrun exited with code 1" in message
     assert "ValueError: boom from rank 1" in message
+
+
+def test_a_user_error_in_a_rank_fails_at_once_with_its_message_and_no_restart(script_dir, tmp_path):
+    lines = []
+    with pytest.raises(RankUserError) as err:
+        run_torchrun(["-m", "toy_job", "user_error"], nproc_per_node=2, job_dir=tmp_path / "job", max_restarts=2,
+                     env={"PYTHONPATH": str(script_dir)}, emit=lines.append, grace_period_s=2)
+    assert isinstance(err.value, UserError)  # what run_stage and TorchrunOperator turn into AirflowFailException
+    assert str(err.value) == "rank 1: DataError: shard 3, row 17, column 'x': value 'abc'; expected a number"
+    assert sum(line.startswith("launching:") for line in lines) == 1
+
+
+def test_an_infrastructure_fault_in_a_rank_is_restarted_then_fails_as_retryable(script_dir, tmp_path):
+    lines = []
+    with pytest.raises(TrainingFailed) as err:
+        run_torchrun(["-m", "toy_job", "crash"], nproc_per_node=2, job_dir=tmp_path / "job", max_restarts=1,
+                     env={"PYTHONPATH": str(script_dir)}, emit=lines.append, grace_period_s=2)
+    assert not isinstance(err.value, UserError)
+    assert sum(line.startswith("launching:") for line in lines) == 2  # the first launch and one restart
+    assert any("restarting every rank (1 of 1)" in line for line in lines)
+
+
+def test_the_operator_turns_a_rank_user_error_into_a_failure_without_retries(script_dir, tmp_path):
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipeline.launch import TorchrunOperator
+
+    op = TorchrunOperator(task_id="fit", entry=["-m", "toy_job", "user_error"], nproc_per_node=2, max_restarts=1,
+                          env={"PYTHONPATH": str(script_dir)}, retries=3)
+    ti = SimpleNamespace(dag_id="dag", run_id=f"user-error-{os.getpid()}", task_id="fit", map_index=-1, try_number=1)
+    with pytest.raises(AirflowFailException, match="DataError: shard 3, row 17"):
+        op.execute({"ti": ti})
+
+
+def test_operator_launch_options_are_the_config_fields_with_their_rules():
+    from pipeline.errors import ConfigError
+    from pipeline.launch import TorchrunOperator
+
+    op = TorchrunOperator(task_id="fit", entry=["train.py"], nproc_per_node=4, stall_timeout_s=30)
+    assert (op.launch.nproc_per_node, op.launch.stall_timeout_s, op.launch.kind) == (4, 30.0, "local")
+    with pytest.raises(ConfigError, match="launch.nproc_per_node=0: expected a value >= 1"):
+        TorchrunOperator(task_id="fit2", entry=["train.py"], nproc_per_node=0)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])

@@ -78,7 +78,7 @@ RECIPE = Recipe(
     config_class=ImageConfig,
     base=_base,
     variants={
-        "demo": {"train.epochs": 30},
+        "demo": {"train.epochs": 15},
         "tiny": {"train.epochs": 2, "train.batch_size": 16, "model.widths": [8, 16], "train.log_every_steps": 5,
                  "data.shard_size_limit_bytes": 1 << 14},
     },

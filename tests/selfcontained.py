@@ -1,0 +1,43 @@
+"""Load a registered model the way its users do: a fresh interpreter in which ``pipeline`` cannot be imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+_LOADER = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    class NoPipeline(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "pipeline" or name.startswith("pipeline."):
+                raise ImportError(f"{name} is not importable in this interpreter")
+
+    sys.meta_path.insert(0, NoPipeline())
+    import mlflow.pyfunc
+    import pandas as pd
+
+    model = mlflow.pyfunc.load_model(sys.argv[1])
+    output = model.predict(pd.read_pickle(sys.argv[2]))
+    assert not any(m == "pipeline" or m.startswith("pipeline.") for m in sys.modules)
+    print("PREDICTIONS=" + json.dumps([str(p) for p in output["prediction"]]))
+    """
+)
+
+
+def predict_in_fresh_interpreter(model_uri: str, frame, tmp_path: Path) -> list[str]:
+    """``model_uri``'s predictions for ``frame`` (a pandas DataFrame), from a subprocess that cannot import
+    this project (its working folder is elsewhere, and an import hook refuses ``pipeline``)."""
+    frame_path = tmp_path / "input.pkl"
+    frame.to_pickle(frame_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", _LOADER, model_uri, str(frame_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(l for l in done.stdout.splitlines() if l.startswith("PREDICTIONS="))
+    return json.loads(line.removeprefix("PREDICTIONS="))
