@@ -219,9 +219,13 @@ class PipelineConfig:
         """Every field as a dotted key (``model.depth``): what MLflow records as the run's params."""
         return flatten(self.to_dict())
 
+    def as_params(self) -> dict[str, str]:
+        """The config as MLflow params: dotted keys, text as is, other values as JSON (``from_flat`` reads them)."""
+        return {key: value if isinstance(value, str) else json.dumps(value) for key, value in self.flat().items()}
+
     @classmethod
     def from_flat(cls, params: dict[str, str]) -> PipelineConfig:
-        """The config back from MLflow params (dotted keys, values as text)."""
+        """The config back from MLflow params (dotted keys, values as text: ``as_params``)."""
         defaults = cls().flat()
         overrides = {}
         for key, text in params.items():

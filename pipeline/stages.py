@@ -73,7 +73,7 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
     started = time.perf_counter()
     with tracking.reachable("create the MLflow run"):
         mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset))
-        tracking.log_params_once(mlflow_run_id, cfg.flat() | {
+        tracking.log_params_once(mlflow_run_id, cfg.as_params() | {
             "recipe": cfg.RECIPE, "launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)})
         tracking.log_dataset_input(
             mlflow_run_id, name=cfg.registry.model_name, digest=dataset["version"], source_uri=dataset["uri"],

@@ -154,14 +154,3 @@ def code_version() -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested config -> ``{"train.learning_rate": "0.003", ...}`` for MLflow params."""
-    flat: dict[str, str] = {}
-    for key, value in nested.items():
-        if isinstance(value, dict):
-            flat |= flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = str(value)
-    return flat

@@ -62,8 +62,8 @@ def test_nested_model_fields_are_reached_the_same_way_from_set_params_and_mlflow
                                              "model_name": "abc"})
     assert from_params == from_cli
     # MLflow keeps params as text under dotted keys: the config comes back from them unchanged.
-    logged = {key: str(value) if isinstance(value, str) else json.dumps(value) for key, value in from_cli.flat().items()}
-    assert ImageConfig.from_flat(logged | {"launch.world_size": "2"}) == from_cli
+    assert from_cli.as_params()["model.widths"] == "[8, 16]"
+    assert ImageConfig.from_flat(from_cli.as_params() | {"launch.world_size": "2"}) == from_cli
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_set_args(["train.epochs"])
 

@@ -28,3 +28,25 @@ def test_the_logged_launch_command_carries_no_environment(tmp_path):
     # run_torchrun logs this command line; credentials travel only in the child's environment.
     command = " ".join(torchrun_command(["-m", "pipeline.train", "--config", "c.json"], nproc_per_node=2, log_dir=tmp_path))
     assert "s3cr3t" not in command and "MLFLOW_TRACKING_PASSWORD" not in command
+
+
+def test_a_failing_connection_lookup_is_a_retryable_fault_not_a_silent_fallback(monkeypatch):
+    import pytest
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from pipeline.errors import InfraError
+    from pipeline.orchestration import _mlflow_connection
+
+    def unreachable(conn_id):
+        raise ConnectionError("api-server at 127.0.0.1:8080 refused the connection")
+
+    monkeypatch.setattr(BaseHook, "get_connection", unreachable)
+    with pytest.raises(InfraError, match="looking up the Airflow connection 'mlflow_default'.*refused"):
+        _mlflow_connection()
+
+    def missing(conn_id):
+        raise AirflowNotFoundException(f"The conn_id `{conn_id}` isn't defined")
+
+    monkeypatch.setattr(BaseHook, "get_connection", missing)
+    assert _mlflow_connection() is None  # no such connection: the environment (or the local default) is used

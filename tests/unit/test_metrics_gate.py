@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.evaluate.gate import decide
+from pipeline.evaluate.directions import CLASSIFICATION
+from pipeline.evaluate.gate import decide, not_comparable
 from pipeline.evaluate.metrics import classification_metrics
 
 
@@ -29,13 +30,13 @@ def _m(accuracy, macro_f1=0.5, log_loss=0.7):
 
 
 def test_gate_passes_without_a_champion():
-    decision = decide(_cfg(), _m(0.5), None)
+    decision = decide(_cfg(), _m(0.5), None, CLASSIFICATION)
     assert decision.passed and decision.tags()["validation_status"] == "passed"
 
 
 def test_gate_primary_metric_needs_the_minimum_improvement():
-    assert decide(_cfg(min_improvement=-0.01), _m(0.795), _m(0.80)).passed
-    strict = decide(_cfg(min_improvement=0.02), _m(0.81), _m(0.80))
+    assert decide(_cfg(min_improvement=-0.01), _m(0.795), _m(0.80), CLASSIFICATION).passed
+    strict = decide(_cfg(min_improvement=0.02), _m(0.81), _m(0.80), CLASSIFICATION)
     assert not strict.passed
     assert strict.primary["improvement"] == pytest.approx(0.01)
     assert "gain +0.0100 < required +0.0200" in strict.reason
@@ -44,7 +45,7 @@ def test_gate_primary_metric_needs_the_minimum_improvement():
 
 def test_gate_guardrails_block_a_regression_elsewhere():
     decision = decide(_cfg(guardrails=["macro_f1", "log_loss"], guardrail_tolerance=0.02),
-                      _m(0.85, macro_f1=0.60, log_loss=0.75), _m(0.80, macro_f1=0.70, log_loss=0.70))
+                      _m(0.85, macro_f1=0.60, log_loss=0.75), _m(0.80, macro_f1=0.70, log_loss=0.70), CLASSIFICATION)
     assert not decision.passed
     held = {g["metric"]: g["held"] for g in decision.guardrails}
     assert held == {"macro_f1": False, "log_loss": False}
@@ -53,8 +54,8 @@ def test_gate_guardrails_block_a_regression_elsewhere():
 
 
 def test_gate_respects_the_metric_direction():
-    assert not decide(_cfg(metric="log_loss", guardrails=[]), _m(0.8, log_loss=0.9), _m(0.8, log_loss=0.5)).passed
-    assert decide(_cfg(metric="log_loss", guardrails=[], min_improvement=0.05), _m(0.8, log_loss=0.4), _m(0.8, log_loss=0.5)).passed
+    assert not decide(_cfg(metric="log_loss", guardrails=[]), _m(0.8, log_loss=0.9), _m(0.8, log_loss=0.5), CLASSIFICATION).passed
+    assert decide(_cfg(metric="log_loss", guardrails=[], min_improvement=0.05), _m(0.8, log_loss=0.4), _m(0.8, log_loss=0.5), CLASSIFICATION).passed
 
 
 def test_report_has_plots_tables_and_both_models(tmp_path):
@@ -71,7 +72,7 @@ def test_report_has_plots_tables_and_both_models(tmp_path):
                         "details": score_details(labels, probabilities)}
     assert scored["challenger"]["details"]["curves"]["roc_auc"] > 0.95
     assert 0.35 < scored["champion"]["details"]["curves"]["roc_auc"] < 0.65
-    decision = decide(_cfg(), scored["challenger"]["metrics"], scored["champion"]["metrics"]).to_dict()
+    decision = decide(_cfg(), scored["challenger"]["metrics"], scored["champion"]["metrics"], CLASSIFICATION).to_dict()
     files = write_report(tmp_path, model_name="m", classes=["no", "yes"], scored=scored,
                          history={"train_loss": [(1, 0.9), (2, 0.5)]}, decision=decision)
     assert sorted(f.name for f in files) == ["confusion_matrix.png", "per_class_f1.png", "report.html", "roc_pr.png",
@@ -91,3 +92,27 @@ def test_binary_curves_on_a_known_ranking():
     assert curves["average_precision"] == pytest.approx(1.0)
     mixed = binary_curves(np.array([1, 0, 1, 0]), np.array([0.9, 0.8, 0.3, 0.1]))
     assert mixed["roc_auc"] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("labels, expected", [([1, 0], 0.5), ([0, 1], 0.5), ([1, 1, 0, 0], 0.5)])
+def test_roc_auc_and_average_precision_do_not_depend_on_the_order_of_tied_scores(labels, expected):
+    from pipeline.evaluate.metrics import binary_curves
+
+    tied = np.full(len(labels), 0.7)
+    curves = binary_curves(np.array(labels), tied)
+    assert curves["roc_auc"] == pytest.approx(expected)
+    assert curves["average_precision"] == pytest.approx(np.mean(labels))
+
+
+def test_binary_curves_agree_with_a_hand_computed_case():
+    from pipeline.evaluate.metrics import binary_curves
+
+    curves = binary_curves(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8]))
+    assert curves["roc_auc"] == pytest.approx(0.75)
+    assert curves["average_precision"] == pytest.approx((1 + 2 / 3) / 2)
+
+
+def test_a_champion_that_is_not_comparable_fails_the_gate_with_the_reason():
+    decision = not_comparable("champion version 3 takes inputs ['a'], challenger version 4 takes ['b']")
+    assert not decision.passed
+    assert decision.tags()["validation.reason"].startswith("champion not comparable: champion version 3")
