@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from streaming import StreamingDataLoader
 from torch.nn.parallel import DistributedDataParallel
 
-from pipeline.config import PipelineConfig
 from pipeline.data.reading import TrainingData
+from pipeline.recipes.tabular_mlp import TabularConfig
 from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
+from pipeline.recipes.tabular_mlp.train import Encode
 
 
 def main() -> None:
@@ -29,20 +29,22 @@ def main() -> None:
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    tc = PipelineConfig.from_dict(json.loads(args.config.read_text())).train
+    cfg = TabularConfig.from_dict(json.loads(args.config.read_text()))
+    tc = cfg.train
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = TrainingData.open([args.dataset], args.out / "cache")
     prep = data.preprocessing
     torch.manual_seed(tc.seed)
     spec = ModelSpec(num_numeric=len(prep["mean"]), cardinalities=[len(prep["vocab"][c]) for c in prep["categorical_columns"]],
-                     num_classes=len(prep["label_classes"]), hidden_sizes=list(tc.hidden_sizes), dropout=tc.dropout)
+                     num_classes=len(prep["label_classes"]), hidden_sizes=list(cfg.model.hidden_sizes),
+                     dropout=cfg.model.dropout)
     model = DistributedDataParallel(TabularMLP(spec, prep["mean"], prep["std"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay)
-    train = StreamingDataLoader(data.dataset("train", shuffle=True, seed=tc.seed, batch_size=tc.batch_size),
-                                batch_size=tc.batch_size, collate_fn=data.collate)
-    val = StreamingDataLoader(data.dataset("val", shuffle=False, seed=tc.seed, batch_size=tc.batch_size),
-                              batch_size=tc.batch_size, collate_fn=data.collate)
+    # The same reader and batch transform as the pipeline: the comparison is of the loop around them.
+    encode = Encode(data.preprocessing, data.schema["label_column"])
+    train = data.loader("train", shuffle=True, seed=tc.seed, batch_size=tc.batch_size, transform=encode)
+    val = data.loader("val", shuffle=False, seed=tc.seed, batch_size=tc.batch_size, transform=encode)
     samples = 0
     started = time.perf_counter()
     for _ in range(tc.epochs):

@@ -69,7 +69,7 @@ def main() -> None:
         started = time.perf_counter()
         result = stages.train(cfg, stages.RunInfo("bench", f"pipeline-{i}"), dataset)
         pipeline.append(result["throughput"]["samples_per_s"])
-        checkpoints = len(list(Path(result["model_path"]).parent.glob("checkpoints/step-*")))
+        checkpoints = len(list(Path(result["out_dir"]).glob("checkpoints/step-*")))
         print(f"(b) pipeline train     run {i + 1}: {pipeline[-1]:9,.0f} samples/s  "
               f"(process wall {time.perf_counter() - started:.1f}s, data-wait "
               f"{result['throughput']['data_wait_fraction']:.0%}, {checkpoints} checkpoints kept, "

@@ -130,8 +130,9 @@ def test_a_hung_rank_is_detected_as_a_stall(job, tmp_path):
     detected_after = time.monotonic() - stopped["at"]
     watcher.join(timeout=5)
     print(f"stall detected {detected_after:.1f}s after rank 1 froze: {str(err.value).splitlines()[0]}")
-    assert detected_after <= stall_timeout_s + 10
     message = str(err.value)
+    # The watchdog, not the job's own timeout, stopped it, and it says how long nothing moved.
+    assert f"launch.stall_timeout_s={stall_timeout_s}" in message
     assert "training stalled: no step completed" in message and "rank 1: step" in message
     assert isinstance(err.value, TrainingFailed)  # an infrastructure fault: the task is retried
 

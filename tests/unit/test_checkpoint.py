@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import numpy as np
 import pytest
@@ -74,14 +73,18 @@ def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
     assert random.random() == expected[2]
 
 
-def test_throughput_figures():
+def test_throughput_figures(monkeypatch):
+    from pipeline.train import throughput
+
+    clock = [1000.0]  # a clock the test moves: the figures are checked against known seconds
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: clock[0])
     meter = Throughput(world_size=2, flops_per_sample=1e6, peak_flops_per_s=1e9)
     meter.data_wait(0.05)
     meter.step(samples=100, tokens=1000)
-    time.sleep(0.1)
+    clock[0] += 0.25
     figures = meter.window()
-    elapsed = 100 * 2 / figures["samples_per_s"]  # the window's length, recovered
-    assert 0.1 <= elapsed < 1.0
+    elapsed = 0.25
+    assert figures["samples_per_s"] == pytest.approx(100 * 2 / elapsed)
     assert figures["tokens_per_s"] == pytest.approx(10 * figures["samples_per_s"])
     assert figures["data_wait_fraction"] == pytest.approx(0.05 / elapsed)
     assert figures["mfu"] == pytest.approx(100 * 1e6 / elapsed / 1e9)
