@@ -31,10 +31,11 @@ _SAMPLE_ROWS = 5
 # (numpy, pyarrow, fsspec, ...) before the first unit reaches a worker, 0.5 to 0.8 s on a 2-core
 # machine, on a core the preparing process could use.
 WORKER_START_S = 0.6
-# What one process converts per second, in uncompressed input bytes (``Unit.size_bytes``), on a
-# 2-core machine: reading, validation, splits, encoding, compression and hashing together. Images in
-# folders are small compressed files that each need a decode, so their bytes go slowest.
-CONVERT_BYTES_PER_S = {"parquet": 60e6, "csv": 40e6, "jsonl": 25e6, "idx": 60e6, "image_folder": 4e6}
+# What one process converts per second, in input bytes as ``Unit.size_bytes`` counts them, measured
+# on a 2-core machine under load: reading, validation, splits, encoding, compression and hashing
+# together. CSV values are parsed from text; images in folders are small compressed files that each
+# need a decode, so their bytes go slowest.
+CONVERT_BYTES_PER_S = {"parquet": 40e6, "csv": 12e6, "jsonl": 40e6, "idx": 55e6, "image_folder": 4e6}
 # Two processes convert about 1.3x as fast as one, not 2x (the work is memory-bound: every byte is
 # copied a few times by encoding, compression and hashing, and the cores are shared), so a worker
 # pays back its start only when every process gets at least this many start costs of work.

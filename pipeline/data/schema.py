@@ -137,6 +137,7 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig) -
         sample_batches = [first, *_more_rows(rest, schema, TEXT_SAMPLE_ROWS - first.table.num_rows)]
         for name in undeclared_text:
             check_text_feature(name, sample_batches)
+    rest.close()  # the open file of the unit it stopped in
 
     for column, encoding in overrides.items():
         if column not in encodings:
