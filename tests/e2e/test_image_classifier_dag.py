@@ -59,3 +59,18 @@ def test_the_recipe_trains_registers_and_reports_through_the_shared_dag(airflow_
     from_arrays = predict_in_fresh_interpreter(uri, pd.DataFrame({"image": list(pixels)}), tmp_path)
     assert from_bytes == from_arrays
     assert set(from_bytes) <= {f"digit-{d}" for d in range(10)}
+
+
+def test_a_user_error_raised_inside_a_rank_fails_train_at_once_without_retries(airflow_db, digits_idx):
+    """model.class_names with 3 names for 10 classes: the ranks raise ConfigError; the task fails on its
+    first try with that message (no torchrun restart, no Airflow retry), although retries are 2."""
+    dag_run = run_dag("image_classifier", {"input_path": str(digits_idx), "variant": "tiny", "model_name": "digits_bad",
+                                           "max_restarts": 2, "overrides": {"model.class_names": ["a", "b", "c"]}})
+    assert str(getattr(dag_run.state, "value", dag_run.state)) == "failed"
+    states = {ti.task_id: (str(ti.state), ti.try_number) for ti in dag_run.get_task_instances()}
+    assert states["prepare_data"][0] == "success"
+    assert states["train"] == ("failed", 1)
+    job = RunInfo("image_classifier", dag_run.run_id).job_dir("train")
+    assert [p.name for p in job.glob("logs-try1/torchrun-*")] == ["torchrun-0"]  # launched once: no restart
+    reported = json.loads(next((job / "errors").glob("rank-*.json")).read_text())
+    assert reported["type"] == "ConfigError" and "model.class_names has 3 names" in reported["message"]

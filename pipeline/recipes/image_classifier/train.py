@@ -66,6 +66,7 @@ def class_names(cfg, data: TrainingData) -> list[str]:
 
 
 def build_model(cfg, data: TrainingData) -> SmallResNet:
+    class_names(cfg, data)  # a bad model.class_names fails here, not after training
     channels, _, _ = input_shape(data)
     m = cfg.model
     return SmallResNet(channels=channels, num_classes=len(data.preprocessing["label_classes"]),
