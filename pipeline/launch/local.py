@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from pipeline import settings
 from pipeline.errors import ConfigError, TrainingFailed, TrainingStalled, reported_user_error
-from pipeline.launch.shm import clean_stale_shared_memory
+from pipeline.data.shm import clean_stale_shared_memory
 from pipeline.processes import alive, descendants
 from pipeline.launch.spec import JobSpec, launch_config
 from pipeline.train.progress import DUMP_SIGNAL, read_heartbeats

@@ -31,7 +31,7 @@ def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir:
     """Train on every rank of this job; rank 0 writes the model files and ``result.json`` into ``out_dir``."""
     dist = distributed.setup(cfg.launch.backend)
     try:
-        from pipeline.launch.shm import clean_stale_shared_memory
+        from pipeline.data.shm import clean_stale_shared_memory
 
         if dist.local_rank == 0:
             clean_stale_shared_memory()  # what ranks of a previous (restarted) attempt left behind

@@ -142,7 +142,7 @@ def test_stale_shared_memory_of_dead_processes_is_removed_and_live_memory_kept(t
     import sys
     import tempfile
 
-    from pipeline.launch.shm import clean_stale_shared_memory
+    from pipeline.data.shm import clean_stale_shared_memory
 
     stale = Path("/dev/shm/999990_locals")
     stale.write_bytes(b"\0" * 64)

@@ -1,0 +1,56 @@
+"""The package's shape: no import cycles between its modules, and stages that use only the launcher interface."""
+
+import ast
+from pathlib import Path
+
+from pipeline import settings
+
+PACKAGE = settings.PROJECT_ROOT / "pipeline"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(settings.PROJECT_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, *, top_level_only: bool) -> set[str]:
+    """The pipeline modules ``path`` imports (at module level only, or anywhere)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("pipeline")}
+
+
+def test_modules_import_each_other_without_cycles():
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: {m for m in _imports(path, top_level_only=True) if m in modules and m != name}
+             for name, path in modules.items()}
+    cycles, state = [], {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                cycles.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_stages_reach_the_launcher_only_through_its_interface():
+    used = {m for m in _imports(PACKAGE / "stages.py", top_level_only=False) if m.startswith("pipeline.launch")}
+    assert used <= {"pipeline.launch.spec", "pipeline.launch.spec.Job", "pipeline.launch.spec.JobSpec"}
+    operator = {m for m in _imports(PACKAGE / "launch" / "operator.py", top_level_only=False)
+                if m.startswith("pipeline.launch.local")}
+    assert operator == set()
