@@ -58,7 +58,9 @@ def write_image_folder(root: Path, per_class: dict[str, int], *, seed: int = 0, 
 
 
 def dataset_dir(manifest: dict) -> Path:
-    return Path(manifest["uri"].removeprefix("file://"))
+    from pipeline.data import local_path
+
+    return local_path(manifest["uri"])
 
 
 def read_rows(manifest: dict, cache: Path, split: str | None = None) -> list[dict]:
