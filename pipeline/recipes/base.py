@@ -37,11 +37,12 @@ class Recipe:
     name: str
     description: str
     config_class: type[PipelineConfig]
-    base: Callable[[], PipelineConfig]  # the default variant
-    variants: Mapping[str, Mapping[str, Any]]  # variant -> dotted overrides of ``base()``
+    defaults: Mapping[str, Any]  # the default variant: dotted overrides of the config class's defaults
+    variants: Mapping[str, Mapping[str, Any]]  # variant -> dotted overrides of the default variant
     params: Mapping[str, str]  # the recipe's own Params form fields -> dotted config fields
     train_spec: str  # "module:ATTR" of its ``pipeline.train.spec.TrainSpec`` (imported in the ranks)
-    demo_input: Callable[[], str]  # writes the demo's input data when missing; returns its path
+    demo_path: str  # where the demo's input lies, under $PIPELINE_DATA_DIR/raw/
+    write_demo: Callable[[Path], Any]  # writes the demo's input to that path
     tags: tuple[str, ...] = ()
     prep_params: tuple[str, ...] = field(default=("input_path", "overrides"))  # of a DAG that only prepares data
 
@@ -49,9 +50,23 @@ class Recipe:
         """The recipe's config; ``demo`` is what ``make demo`` runs, ``tiny`` what the tests run."""
         if variant not in VARIANTS:
             raise ConfigError(f"variant={variant!r}: expected one of {list(VARIANTS)}")
-        cfg = self.base()
-        overrides = dict(self.variants.get(variant, {}))
-        return cfg.with_overrides(overrides) if overrides else cfg
+        return self.config_class().with_overrides({
+            "data.input_path": self.demo_input_path(), "registry.model_name": self.name,
+            "registry.experiment": self.name, **self.defaults, **self.variants.get(variant, {}),
+        })
+
+    def demo_input_path(self) -> str:
+        from pipeline import settings
+
+        return str(settings.data_dir() / "raw" / self.demo_path)
+
+    def demo_input(self) -> str:
+        """The demo's input, written first when it is not there yet."""
+        path = Path(self.demo_input_path())
+        if not path.exists():
+            print(f"writing the {self.name} demo's input to {path}", flush=True)
+            self.write_demo(path)
+        return str(path)
 
     @property
     def form(self) -> dict[str, str]:

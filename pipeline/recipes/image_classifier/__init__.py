@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline import settings
 from pipeline.config import ModelConfig, PipelineConfig, config_field
 from pipeline.evaluate.directions import CLASSIFICATION
 from pipeline.recipes.base import Recipe
@@ -40,43 +39,20 @@ class ImageConfig(PipelineConfig):
     model: ImageModelConfig = field(default_factory=ImageModelConfig)
 
 
-def demo_input_path() -> str:
-    """Where `make demo RECIPE=image_classifier` writes scikit-learn's digits as IDX files."""
-    return str(settings.data_dir() / "raw" / "digits")
-
-
-def _base() -> ImageConfig:
-    cfg = ImageConfig()
-    cfg.data.input_path = demo_input_path()
-    cfg.registry.model_name = NAME
-    cfg.registry.experiment = NAME
-    cfg.train.epochs = 20
-    cfg.train.batch_size = 64
-    cfg.train.learning_rate = 3e-3
-    cfg.train.lr_schedule = "cosine"
-    cfg.train.warmup_steps = 10
-    cfg.train.log_every_steps = 20
-    cfg.evaluate.guardrails = ["macro_f1"]
-    return cfg
-
-
-def _write_demo_input() -> str:
-    from pathlib import Path
-
+def _write_demo(path) -> None:
     from pipeline.data import demo
 
-    path = Path(demo_input_path())
-    if not path.exists():
-        print(f"writing scikit-learn's digits (1,797 8x8 images) as IDX files to {path}", flush=True)
-        demo.write_digits_idx(path)
-    return str(path)
+    demo.write_digits_idx(path)  # scikit-learn's 1,797 8x8 digits
 
 
 RECIPE = Recipe(
     name=NAME,
     description="Small ResNet image classifier on IDX files or class folders of PNG/JPEG, PyTorch DDP.",
     config_class=ImageConfig,
-    base=_base,
+    defaults={
+        "train.epochs": 20, "train.batch_size": 64, "train.learning_rate": 3e-3, "train.lr_schedule": "cosine",
+        "train.warmup_steps": 10, "train.log_every_steps": 20,
+    },
     variants={
         "demo": {"train.epochs": 15},
         "tiny": {"train.epochs": 2, "train.batch_size": 16, "model.widths": [8, 16], "train.log_every_steps": 5,
@@ -90,6 +66,7 @@ RECIPE = Recipe(
         "augment": "model.augment",
     },
     train_spec="pipeline.recipes.image_classifier.train:SPEC",
-    demo_input=_write_demo_input,
+    demo_path="digits",
+    write_demo=_write_demo,
     tags=("ddp", "images"),
 )

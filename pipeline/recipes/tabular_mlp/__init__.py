@@ -29,11 +29,6 @@ class TabularConfig(PipelineConfig):
     model: TabularModelConfig = field(default_factory=TabularModelConfig)
 
 
-def demo_input_path() -> str:
-    """Where `make demo` writes its generated Parquet file."""
-    return str(settings.data_dir() / "raw" / "tabular_demo.parquet")
-
-
 def daily_input_path() -> str:
     """The default input of the daily preparation: a folder of dt=YYYY-MM-DD/ partitions."""
     return str(settings.data_dir() / "raw" / "tabular_daily")
@@ -42,31 +37,17 @@ def daily_input_path() -> str:
 dataset_uri = settings.dataset_uri
 
 
-def _base() -> TabularConfig:
-    cfg = TabularConfig()
-    cfg.data.input_path = demo_input_path()
-    cfg.registry.model_name = NAME
-    cfg.registry.experiment = NAME
-    return cfg
-
-
-def _write_demo_input(rows: int = 60_000) -> str:
-    from pathlib import Path
-
+def _write_demo(path) -> None:
     from pipeline.data import demo
 
-    path = Path(demo_input_path())
-    if not path.exists():
-        print(f"writing {rows:,} demo rows to {path}", flush=True)
-        demo.write_parquet(path, rows)
-    return str(path)
+    demo.write_parquet(path, 60_000)  # six numeric and three categorical features, three classes
 
 
 RECIPE = Recipe(
     name=NAME,
     description="Multilayer perceptron on tabular rows (numeric and categorical features), plain PyTorch DDP.",
     config_class=TabularConfig,
-    base=_base,
+    defaults={},
     variants={
         "demo": {},
         "tiny": {
@@ -83,7 +64,8 @@ RECIPE = Recipe(
         "hidden_sizes": "model.hidden_sizes",
     },
     train_spec="pipeline.recipes.tabular_mlp.train:SPEC",
-    demo_input=_write_demo_input,
+    demo_path="tabular_demo.parquet",
+    write_demo=_write_demo,
     tags=("ddp", "tabular"),
     prep_params=("input_path", "label_column", "overrides"),
 )
@@ -92,4 +74,5 @@ RECIPE = Recipe(
 config = RECIPE.config
 airflow_params = RECIPE.airflow_params
 config_from_params = RECIPE.config_from_params
+demo_input_path = RECIPE.demo_input_path
 PREP_PARAMS = RECIPE.prep_params
