@@ -13,9 +13,14 @@ from pipeline.recipes import tabular_mlp
 pytestmark = pytest.mark.distributed
 
 
-def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path):
+def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path, monkeypatch):
+    # Published under a folder with a space and a '%': the ranks get it as a percent-encoded file URI.
+    monkeypatch.setenv("PIPELINE_DATA_DIR", str(tmp_path / "data dir 100%"))
+    tmp_path = tmp_path / "job dir"
     cfg = tabular_mlp.config("tiny").with_overrides({"data.input_path": str(demo_parquet), "train.epochs": 2})
     dataset = stages.prepare_data(cfg, stages.RunInfo("test", "ddp"))
+    assert "%20" in dataset["uri"] and "%25" in dataset["uri"]
+    tmp_path.mkdir()
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     lines = []
     run_torchrun(
