@@ -96,7 +96,8 @@ class TorchrunJob:
             node_rank=launch.node_rank, rdzv_endpoint=launch.rdzv_endpoint or None, no_python=spec.no_python,
         )
         self.max_restarts = launch.max_restarts
-        self.env = {**spec.env, **self.files.env(), "PIPELINE_TRY_NUMBER": str(spec.try_number)}
+        self.env = {**spec.env, **self.files.env(), "PIPELINE_TRY_NUMBER": str(spec.try_number),
+                    "PIPELINE_BACKEND": launch.backend}  # what @task.torchrun's process group uses
         self.timeout_s = launch.timeout_s
         self.grace_period_s = launch.grace_period_s
         self.stall_timeout_s = launch.stall_timeout_s or None
