@@ -1,0 +1,172 @@
+"""The batch path of TrainingData.loader: the same batches (values, order) as the per-sample path for rows,
+array images and PNG/JPEG images, over one version or a window of several; exact mid-epoch resume;
+read_split and encode_columns against their per-sample counterparts."""
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.data import prep
+from pipeline.data.demo import write_idx
+from pipeline.data.reading import TrainingData, _images, _plain_png, decode_columns
+from tests.datafiles import cfg, table, write_image_folder, write_parquet
+
+
+def _columns(columns):
+    return columns  # the identity transform: batches as decoded columns (module level: picklable)
+
+
+def _assert_same_batches(fast: list[dict], slow: list[dict]) -> None:
+    assert len(fast) == len(slow)
+    for i, (a, b) in enumerate(zip(fast, slow)):
+        assert list(a) == list(b), f"batch {i}: columns {list(a)} != {list(b)}"
+        for name in a:
+            x, y = a[name], b[name]
+            assert (x.dtype, x.shape) == (y.dtype, y.shape), \
+                f"batch {i} column {name}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}"
+            assert np.array_equal(x, y), f"batch {i} column {name} differs"
+
+
+def _both(data: TrainingData, tmp_path, split="train", **kwargs) -> tuple[list[dict], list[dict]]:
+    """Every batch of one epoch through the batch path and through the per-sample path."""
+    fast = list(data.loader(split, transform=_columns, **kwargs))
+    slow_data = TrainingData.open([str(d) for d in data.dirs], tmp_path / "slow-cache")
+    slow = list(slow_data.sample_loader(split, transform=_columns, **kwargs))
+    return fast, slow
+
+
+@pytest.fixture(scope="module")
+def tabular(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("tabular")
+    t = table(700).append_column("id", pa.array(np.arange(700)))
+    write_parquet(tmp / "in.parquet", t)
+    return prep.prepare(cfg(tmp / "in.parquet"), name="t", out_root=tmp / "out")  # tiny shards: many of them
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in-order"])
+def test_rows_come_in_the_batches_of_the_per_sample_path(tabular, tmp_path, shuffle):
+    data = TrainingData.open([tabular["uri"]], tmp_path / "cache")
+    fast, slow = _both(data, tmp_path, batch_size=32, shuffle=shuffle, seed=3)
+    _assert_same_batches(fast, slow)
+    assert sum(len(b["id"]) for b in fast) == tabular["splits"]["train"]
+    assert len(data.loader("train", batch_size=32, shuffle=True, seed=3, transform=_columns)) == len(fast)
+    assert {b["a"].dtype for b in fast} == {np.dtype("float64")} and {b["b"].dtype for b in fast} == {np.dtype("int64")}
+    assert isinstance(fast[0]["color"][0], str) and fast[0]["color"].dtype == object
+
+
+def test_loader_workers_keep_the_order(tabular, tmp_path):
+    data = TrainingData.open([tabular["uri"]], tmp_path / "cache")
+    fast, slow = _both(data, tmp_path, batch_size=16, shuffle=True, seed=1, num_workers=2)
+    _assert_same_batches(fast, slow)
+
+
+def test_a_window_of_versions_reads_as_the_per_sample_path_does(tmp_path):
+    for i, day in enumerate(["2026-11-28", "2026-11-29"]):
+        write_parquet(tmp_path / "in" / f"dt={day}" / "part-0.parquet", table(300, seed=i))
+    uris = [prep.prepare(cfg(tmp_path / "in"), name="daily", out_root=tmp_path / "out",
+                         interval=(f"{day}T00:00:00+00:00", f"{day}T23:59:59+00:00"))["uri"]
+            for day in ["2026-11-28", "2026-11-29"]]
+    data = TrainingData.open(uris, tmp_path / "cache")
+    fast, slow = _both(data, tmp_path, batch_size=24, shuffle=True, seed=0)
+    _assert_same_batches(fast, slow)
+    assert sum(len(b["a"]) for b in fast) == data.rows("train")
+
+
+def test_array_images_come_as_one_uint8_array(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (400, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / "idx", "train", images, rng.integers(0, 10, 400))
+    manifest = prep.prepare(cfg(tmp_path / "idx", unit_bytes=64 * 785, shard_size_limit_bytes=1 << 14),
+                            name="idx", out_root=tmp_path / "out")
+    data = TrainingData.open([manifest["uri"]], tmp_path / "cache")
+    fast, slow = _both(data, tmp_path, batch_size=20, shuffle=True, seed=0)
+    _assert_same_batches(fast, slow)
+    assert fast[0]["image"].shape == (20, 28, 28) and fast[0]["image"].dtype == np.uint8
+    # Every image exactly once over the epoch (images are unique).
+    seen = [img.tobytes() for b in fast for img in b["image"]]
+    assert len(seen) == len(set(seen)) == manifest["splits"]["train"]
+    assert set(seen) <= {img.tobytes() for img in images}
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_encoded_images_decode_as_pil_does(tmp_path, fmt):
+    write_image_folder(tmp_path / "in", {"boot": 40, "shirt": 35}, fmt=fmt)
+    manifest = prep.prepare(cfg(tmp_path / "in"), name="img", out_root=tmp_path / "out")
+    data = TrainingData.open([manifest["uri"]], tmp_path / "cache")
+    fast, slow = _both(data, tmp_path, batch_size=16, shuffle=True, seed=0)
+    _assert_same_batches(fast, slow)
+    assert fast[0]["image"].shape == (16, 8, 8) and fast[0]["image"].dtype == np.uint8
+    assert fast[0]["label"].dtype == object and set(np.concatenate([b["label"] for b in fast])) == {"boot", "shirt"}
+
+
+def test_pngs_of_every_kind_decode_as_pil_does():
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (6, 5, 4), dtype=np.uint8)
+    gray = Image.fromarray(pixels[..., 0])
+    images = [gray, Image.fromarray(pixels[..., :3]), Image.fromarray(pixels), Image.fromarray(pixels).convert("LA"),
+              Image.fromarray(pixels[..., :3]).convert("P"),  # palette: indices, not colors
+              gray.convert("1"),  # 1 bit
+              Image.fromarray(pixels[..., 0].astype(np.uint16) * 200)]  # 16 bits
+    assert [i.mode for i in images] == ["L", "RGB", "RGBA", "LA", "P", "1", "I;16"]
+    transparent = Image.fromarray(pixels[..., 0])
+    transparent.info["transparency"] = 7  # a tRNS chunk
+    images.append(transparent)
+    blobs = []
+    for image in images:
+        out = io.BytesIO()
+        image.save(out, format="PNG", transparency=image.info["transparency"]) if "transparency" in image.info \
+            else image.save(out, format="PNG")
+        blobs.append(out.getvalue())
+    # The kinds libpng decodes as PIL does go to torchvision; palettes, 1 and 16 bits, tRNS to PIL.
+    assert [_plain_png(b) for b in blobs] == [True] * 4 + [False] * 4
+    flat = np.frombuffer(b"".join(blobs), np.uint8).copy()
+    starts = np.cumsum([0] + [len(b) for b in blobs])[:-1].tolist()
+    decoded = _images(flat, starts, [len(b) for b in blobs])
+    for i, blob in enumerate(blobs):
+        want = np.asarray(Image.open(io.BytesIO(blob)))
+        assert decoded[i].dtype == want.dtype and np.array_equal(decoded[i], want), images[i].mode
+
+
+def _ids(batches) -> list[int]:
+    return [int(i) for b in batches for i in b]
+
+
+def _ids_of(columns):
+    return columns["id"].tolist()  # not a dict of arrays: the loader counts samples itself
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mid_epoch_resume_delivers_exactly_the_remaining_samples(tabular, tmp_path, workers):
+    kwargs = dict(batch_size=16, shuffle=True, seed=5, transform=_ids_of, num_workers=workers)
+    data = TrainingData.open([tabular["uri"]], tmp_path / "a")
+    whole = list(data.loader("train", **kwargs))
+    first = data.loader("train", **kwargs)
+    taken = []
+    for i, batch in enumerate(first):
+        taken.append(batch)
+        if i == 6:
+            break
+    state = first.state_dict()
+    assert state["sample_in_epoch"] == 7 * 16
+
+    again = TrainingData.open([tabular["uri"]], tmp_path / "b").loader("train", **kwargs)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert _ids(taken) + _ids(rest) == _ids(whole)  # none missing, none twice, in the same order
+    assert len(set(_ids(whole))) == tabular["splits"]["train"]
+
+
+def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_path):
+    data = TrainingData.open([tabular["uri"]], tmp_path / "cache")
+    columns = data.read_split("val")
+    dataset = data.dataset("val", shuffle=False, seed=0)
+    samples = [dataset[i] for i in range(dataset.num_samples)]
+    want = decode_columns(samples, data.schema["columns"])
+    assert list(columns) == data.schema["columns"]
+    _assert_same_batches([columns], [want])
+    for got, expected in zip(data.encoder.encode_columns(columns), data.encoder.encode(samples)):
+        assert got.dtype == expected.dtype and np.array_equal(got, expected)
