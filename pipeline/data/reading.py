@@ -639,13 +639,11 @@ def _batch_classes() -> dict[str, type]:
                 self._event = Event()
             elif self._event.is_set():
                 raise RuntimeError("Background thread failed. Check other traceback.")
-            # Streaming creates these file locks on first use with filelock's default 50 ms polling: at each
-            # epoch start the ranks of a node meet in its barriers, and a lock one of them waited for cost
-            # 50 ms a time (100 to 200 ms per epoch start with 2 ranks). Same locks, shorter polls.
+            # Streaming creates the barrier's file lock on first use with filelock's default 50 ms polling: at
+            # each epoch start the ranks of a node meet in the barrier, and a wait for its lock cost 50 ms a
+            # time (50 to 150 ms per epoch start with 2 ranks). The same lock, polled every millisecond.
             if not hasattr(self._shared_barrier, "lock"):
                 self._shared_barrier.lock = FileLock(self._shared_barrier.filelock_path, poll_interval=_POLL_S)
-            if not hasattr(self, "_cache_filelock"):
-                self._cache_filelock = FileLock(self._cache_filelock_path, poll_interval=_POLL_S)
             self._unique_worker_world = self._unique_rank_world.detect_workers()
             self._parallel_worker_world = self._parallel_rank_world.detect_workers()
             epoch, sample_in_epoch = self._resume_incr_epoch()
