@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--ddp-epochs", type=int, default=2, help="epochs of the 2-rank training runs (0 skips)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of measurements; each figure is the best")
     parser.add_argument("--ddp-rounds", type=int, default=1, help="2-rank runs of each path; the best is reported")
+    parser.add_argument("--keep", action="store_true", help="keep the data folder (removed by default)")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     os.environ["PIPELINE_HOME"] = str(home)
@@ -76,6 +77,10 @@ def main() -> None:
     if args.pngs:
         results.append(_bench(_png_folder(home, args.pngs), args, workers))
     _report(results, workers, ddp)
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # -- datasets ---------------------------------------------------------------------------------------------
