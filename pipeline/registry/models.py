@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 from pipeline.registry.tracking import RUN_KEY_TAG, client
 
 log = logging.getLogger(__name__)
+
+_LOADING = threading.Lock()
 
 CHALLENGER = "challenger"
 CHAMPION = "champion"
@@ -57,18 +60,20 @@ def log_and_register(*, run_id: str, model_name: str, run_key: str, package, tag
 
     requirements = package.pip_requirements or [
         f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "pandas", "numpy"]
-    # The signature comes from what the model itself returns for the example (loaded as users will).
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / "model"
-        mlflow.pyfunc.save_model(str(local), python_model=package.python_model, artifacts=package.artifacts,
-                                 pip_requirements=requirements)
-        output = mlflow.pyfunc.load_model(str(local)).predict(package.input_example)
-    signature = infer_signature(package.input_example, output)
-    with mlflow.start_run(run_id=run_id):
-        info = mlflow.pyfunc.log_model(
-            name="model", python_model=package.python_model, artifacts=package.artifacts,
-            signature=signature, input_example=package.input_example, pip_requirements=requirements,
-        )
+    # MLflow loads a models-from-code file through a process-wide global: one load at a time per process.
+    with _LOADING:
+        # The signature comes from what the model itself returns for the example (loaded as users will).
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "model"
+            mlflow.pyfunc.save_model(str(local), python_model=package.python_model, artifacts=package.artifacts,
+                                     pip_requirements=requirements)
+            output = mlflow.pyfunc.load_model(str(local)).predict(package.input_example)
+        signature = infer_signature(package.input_example, output)
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name="model", python_model=package.python_model, artifacts=package.artifacts,
+                signature=signature, input_example=package.input_example, pip_requirements=requirements,
+            )
     version = mlflow.register_model(info.model_uri, model_name, tags={RUN_KEY_TAG: run_key, **tags})
     kept = _settle(model_name, run_key, str(version.version))
     log.info("registered %s version %s from %s", model_name, kept, info.model_uri)

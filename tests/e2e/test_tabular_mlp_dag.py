@@ -65,14 +65,6 @@ def test_runs_register_promote_and_compare_with_the_champion(airflow_db, demo_pa
     assert two["champion_before"]["version"] == one["model"]["version"]
     assert two["champion_before"]["metrics"]["rows"] == metrics["rows"]  # the same test split
 
-    versions = client().search_model_versions(f"name = '{model}'")
-    assert sorted(v.tags[RUN_KEY_TAG] for v in versions) == sorted(
-        f"tabular_mlp/{r.run_id}" for r in (first, second, third))
-    second_version = client().get_model_version(model, two["model"]["version"])
-    assert second_version.tags["promotion.decision"] == "promoted"
-    assert second_version.tags["dataset.version"] == one["dataset"]["version"]
-    assert str(models.version_by_alias(model, "champion").version) == two["model"]["version"]
-
     # The gate forced to fail: no challenger gains a whole unit of accuracy. The champion stays.
     third = run_dag("tabular_mlp", {**conf, "seed": 2,
                                     "overrides": {**conf["overrides"], "evaluate.min_improvement": 1.0}})
@@ -81,6 +73,14 @@ def test_runs_register_promote_and_compare_with_the_champion(airflow_db, demo_pa
     assert not three["gate"]["passed"] and not three["promoted"]
     assert "< required +1.0000" in three["gate"]["reason"]
     assert client().get_model_version(model, three["model"]["version"]).tags["promotion.decision"] == "rejected"
+    assert str(models.version_by_alias(model, "champion").version) == two["model"]["version"]
+
+    versions = client().search_model_versions(f"name = '{model}'")
+    assert sorted(v.tags[RUN_KEY_TAG] for v in versions) == sorted(
+        f"tabular_mlp/{r.run_id}" for r in (first, second, third))
+    second_version = client().get_model_version(model, two["model"]["version"])
+    assert second_version.tags["promotion.decision"] == "promoted"
+    assert second_version.tags["dataset.version"] == one["dataset"]["version"]
     assert str(models.version_by_alias(model, "champion").version) == two["model"]["version"]
 
     # Lineage: one MLflow run per DAG run, tagged, with the dataset as its input and the report as artifacts.

@@ -29,17 +29,24 @@ def tracking_uri(request, tmp_path, monkeypatch):
         database.close()
 
 
-def _tiny_model(tmp_path):
+def _tiny_package(tmp_path):
+    """The tabular recipe's package of a small untrained network: what register_model logs."""
+    import pandas as pd
     import torch
 
     from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
+    from pipeline.recipes.tabular_mlp.train import SERVING
+    from pipeline.train.export import export_network
+    from pipeline.train.spec import ModelPackage
 
     spec = ModelSpec(num_numeric=2, cardinalities=[3], num_classes=2, hidden_sizes=[4], dropout=0.0)
-    torch.save(TabularMLP(spec).state_dict(), tmp_path / "model.pt")
+    network = export_network(TabularMLP(spec), (torch.zeros(2, 2), torch.zeros(2, 1, dtype=torch.int64)),
+                             tmp_path / "network.pt2")
     prep = {"numeric_columns": ["a", "b"], "categorical_columns": ["c"], "vocab": {"c": ["<unk>", "x", "y"]},
             "mean": [0.0, 0.0], "std": [1.0, 1.0], "label_classes": [0, 1]}
     (tmp_path / "preprocessing.json").write_text(json.dumps(prep))
-    return spec.to_dict()
+    return ModelPackage(python_model=str(SERVING), input_example=pd.DataFrame([{"a": 1.0, "b": 2.0, "c": "x"}]),
+                        artifacts={"network": str(network), "preprocessing": str(tmp_path / "preprocessing.json")})
 
 
 def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri, tmp_path, caplog):
@@ -49,7 +56,7 @@ def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri
 
     caplog.set_level(logging.INFO, logger="pipeline.registry.models")
 
-    spec = _tiny_model(tmp_path)
+    package = _tiny_package(tmp_path)
     run_key = "concurrency/run-1"
     run_id = tracking.ensure_run("concurrency", run_key, {})
     barrier = threading.Barrier(ATTEMPTS)
@@ -59,10 +66,7 @@ def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri
         barrier.wait()
         try:
             outcomes.append(models.log_and_register(
-                run_id=run_id, model_name="racer", run_key=run_key, model_path=str(tmp_path / "model.pt"),
-                spec=spec, preprocessing_path=str(tmp_path / "preprocessing.json"),
-                input_example=[{"a": 1.0, "b": 2.0, "c": "x"}], tags={},
-            ))
+                run_id=run_id, model_name="racer", run_key=run_key, package=package, tags={}))
         except Exception as exc:  # collected so the assertion shows it
             errors.append(repr(exc))
 
@@ -78,11 +82,7 @@ def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri
     assert {version for version, _ in outcomes} == {str(survivors[0].version)}
     assert sum(created for _, created in outcomes) == 1
     # A retry after the race finds the version and registers nothing.
-    again = models.log_and_register(
-        run_id=run_id, model_name="racer", run_key=run_key, model_path=str(tmp_path / "model.pt"), spec=spec,
-        preprocessing_path=str(tmp_path / "preprocessing.json"), input_example=[{"a": 1.0, "b": 2.0, "c": "x"}],
-        tags={},
-    )
+    again = models.log_and_register(run_id=run_id, model_name="racer", run_key=run_key, package=package, tags={})
     assert again == (str(survivors[0].version), False)
     lost = sum("lost a registration race" in r.getMessage() for r in caplog.records)
     found = sum("already registered" in r.getMessage() for r in caplog.records)

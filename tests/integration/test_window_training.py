@@ -5,6 +5,7 @@ the test splits of every day in the window."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,11 @@ def test_training_registration_and_evaluation_read_the_whole_window(pipeline_hom
     assert result["world_size"] == 2
 
     registered = stages.register_model(cfg, run, dataset, trained)
-    carried = json.loads((run.workdir / "register" / "preprocessing.json").read_text())
+    # The registered model carries the preprocessing of the whole window.
+    import mlflow.artifacts
+
+    model_dir = Path(mlflow.artifacts.download_artifacts(f"models:/window_mlp/{registered['version']}"))
+    carried = json.loads(next(model_dir.rglob("preprocessing.json")).read_text())
     for day in daily[1:]:
         one_day = json.loads((stages.settings.data_dir() / "window_daily" / day["version"] / "preprocessing.json").read_text())
         for column, vocab in one_day["vocab"].items():

@@ -59,11 +59,8 @@ def export(model: TabularMLP, cfg, data: TrainingData, out_dir: Path) -> dict[st
 
 
 def package(trained: dict[str, Any], data: TrainingData, tmp: Path) -> ModelPackage:
-    files = trained["model_files"]
-    # The registered model carries the preprocessing it was trained with: the merged one of every version read.
-    preprocessing = data.write_preprocessing(Path(tmp) / PREPROCESSING_FILE)
-    return ModelPackage(python_model=str(SERVING), artifacts={"network": files["network"],
-                                                               "preprocessing": str(preprocessing)},
+    # The preprocessing the model was trained with (the merged one of every version read), as training wrote it.
+    return ModelPackage(python_model=str(SERVING), artifacts=dict(trained["model_files"]),
                         input_example=_frame(data.sample_rows, data.preprocessing))
 
 
