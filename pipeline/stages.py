@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -117,12 +116,10 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], t
                                 mlflow_sender(tracking.client(), trained["mlflow_run_id"]))
         if replayed:
             log.info("sent %d metric values that training could not deliver", replayed)
-        with tempfile.TemporaryDirectory() as tmp:
-            version, created = models.log_and_register(
-                run_id=trained["mlflow_run_id"], model_name=cfg.registry.model_name, run_key=run.key,
-                package=spec.package(trained, data, Path(tmp)),
-                tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE},
-            )
+        version, created = models.log_and_register(
+            run_id=trained["mlflow_run_id"], model_name=cfg.registry.model_name, run_key=run.key,
+            package=spec.package(trained, data), tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE},
+        )
         models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
     from pipeline.registry.links import model_version_url
 

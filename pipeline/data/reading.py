@@ -147,16 +147,20 @@ class TrainingData:
 
     def frame(self, split: str):
         """A split as raw feature rows (what the registered model scores) and label indices."""
-        import pandas as pd
-
         columns = self.read_split(split)
-        prep = self.preprocessing
-        frame = pd.DataFrame({c: np.asarray(columns[c], dtype=np.float64) for c in prep["numeric_columns"]})
-        for c in prep["categorical_columns"]:
-            # A missing category is stored as "", and scored as one (the model's unknown code).
-            frame[c] = pd.Series([v or None for v in columns[c]], dtype=object)
         _, _, labels = self.encoder.encode_columns(columns)
-        return frame, labels
+        return feature_frame(columns, self.preprocessing), labels
+
+
+def feature_frame(columns: dict[str, Any], preprocessing: dict[str, Any]):
+    """Numeric and categorical feature columns as the DataFrame of raw rows a tabular model scores."""
+    import pandas as pd
+
+    frame = pd.DataFrame({c: np.asarray(columns[c], dtype=np.float64) for c in preprocessing["numeric_columns"]})
+    for c in preprocessing["categorical_columns"]:
+        # A missing category is stored as "", and scored as one (the model's unknown code).
+        frame[c] = pd.Series([v or None for v in columns[c]], dtype=object)
+    return frame
 
 
 class Encoder:

@@ -36,7 +36,7 @@ class TrainSpec:
     export: Callable[..., dict[str, str]] | None = None
     # run(cfg, ctx: RunContext, data) -> metrics dict: a framework trainer's per-rank body instead of the loop.
     run: Callable[..., dict[str, float]] | None = None
-    # package(trained result, data, tmp_dir) -> ModelPackage.
+    # package(trained result, data) -> ModelPackage.
     package: Callable[..., ModelPackage] | None = None
     # evaluation_inputs(data, split) -> (what the registered model takes, label indices).
     evaluation_inputs: Callable[..., tuple[Any, Any]] | None = None

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.data.reading import Encoder, TrainingData
+from pipeline.data.reading import Encoder, TrainingData, feature_frame
 from pipeline.evaluate.classification import EVALUATOR
 from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
 from pipeline.train.export import NETWORK_FILE, export_network
@@ -58,32 +56,17 @@ def export(model: TabularMLP, cfg, data: TrainingData, out_dir: Path) -> dict[st
     return {"network": str(out_dir / NETWORK_FILE), "preprocessing": str(out_dir / PREPROCESSING_FILE)}
 
 
-def package(trained: dict[str, Any], data: TrainingData, tmp: Path) -> ModelPackage:
+def package(trained: dict[str, Any], data: TrainingData) -> ModelPackage:
     # The preprocessing the model was trained with (the merged one of every version read), as training wrote it.
+    prep = data.preprocessing
+    example = {c: [row[c] for row in data.sample_rows] for c in prep["numeric_columns"] + prep["categorical_columns"]}
     return ModelPackage(python_model=str(SERVING), artifacts=dict(trained["model_files"]),
-                        input_example=_frame(data.sample_rows, data.preprocessing))
+                        input_example=feature_frame(example, prep))
 
 
 def evaluation_inputs(data: TrainingData, split: str):
     """The split as raw feature rows (what the registered model scores) and label indices."""
-    columns = data.read_split(split)
-    _, _, labels = data.encoder.encode_columns(columns)
-    return _frame_from_columns(columns, data.preprocessing), labels
-
-
-def _frame_from_columns(columns: dict[str, Any], prep: dict[str, Any]):
-    import pandas as pd
-
-    frame = pd.DataFrame({c: np.asarray(columns[c], dtype=np.float64) for c in prep["numeric_columns"]})
-    for c in prep["categorical_columns"]:
-        # A missing category is stored as "", and scored as one (the model's unknown code).
-        frame[c] = pd.Series([v or None for v in columns[c]], dtype=object)
-    return frame
-
-
-def _frame(rows: list[dict[str, Any]], prep: dict[str, Any]):
-    columns = {c: [r[c] for r in rows] for c in prep["numeric_columns"] + prep["categorical_columns"]}
-    return _frame_from_columns(columns, prep)
+    return data.frame(split)
 
 
 SPEC = TrainSpec(build_model=build_model, batch_transform=batch_transform, loss=loss, export=export,
