@@ -103,11 +103,61 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True)
+class KubernetesConfig:
+    """``launch.kind = kubernetes``: an indexed Job of ``launch.nnodes`` pods, each running torchrun with
+    ``launch.nproc_per_node`` ranks, and a headless Service for pod 0's DNS name (pipeline.launch.kube).
+    GPUs, CPUs and memory per pod are ``launch.gpus_per_node``, ``cpus_per_node`` and ``memory_per_node_gb``."""
+
+    image: str = config_field("ddp-pipelines:latest", "Container image of every pod (the project's Dockerfile).")
+    image_pull_policy: str = config_field("IfNotPresent", "When the kubelet pulls the image.",
+                                          choices=["IfNotPresent", "Always", "Never"])
+    image_pull_secrets: list[str] = config_field([], "Secrets holding registry credentials for the image.")
+    namespace: str = config_field("default", "Namespace of the Job, its pods and its Service.")
+    connection_id: str = config_field(
+        "kubernetes_default", "Airflow connection of the cluster (the Kubernetes provider's); without one, the "
+        "in-cluster service account or ~/.kube/config.")
+    service_account: str = config_field("", "Service account of the pods; empty: the namespace's default.")
+    gpu_resource: str = config_field("nvidia.com/gpu", "Extended resource name of a GPU (requests = limits = launch.gpus_per_node).")
+    cpu_limit: float = config_field(0.0, "CPU cores a pod may use at most; 0: no limit.", min=0.0)
+    memory_limit_gb: float = config_field(0.0, "Memory a pod may use at most, in GiB; 0: the request (launch.memory_per_node_gb).", min=0.0)
+    shm_size_gb: float = config_field(
+        16.0, "Size of /dev/shm, a memory-backed emptyDir (data loader workers and NCCL need more than 64 MiB).",
+        min=0.0625, max=4096.0)
+    node_selector: list[str] = config_field([], "KEY=VALUE labels a node must have.")
+    tolerations: list[str] = config_field(
+        [], "Taints the pods tolerate: KEY=VALUE:EFFECT, or KEY:EFFECT for any value (nvidia.com/gpu:NoSchedule).")
+    affinity: str = config_field("", "Pod affinity as JSON in the Kubernetes API's form (V1Affinity); empty: none.")
+    priority_class: str = config_field("", "PriorityClass of the pods; empty: the cluster's default.")
+    volumes: list[str] = config_field(
+        [], "PersistentVolumeClaims mounted in every pod as CLAIM:MOUNT_PATH. The job folder (PIPELINE_HOME's runs) "
+        "and local datasets must lie on one, mounted at the same path in the Airflow workers; object-store "
+        "datasets (s3://, gs://) need none.")
+    env_from_secrets: list[str] = config_field(
+        [], "Secrets whose keys become environment variables of the ranks (MLflow or object-store credentials); "
+        "their values never appear in the manifest.")
+    run_as_user: int = config_field(1000, "User id the containers run as (the image's non-root user).", min=1)
+    master_port: int = config_field(29500, "Port of the c10d rendezvous on pod 0.", min=1024, max=65535)
+    schedule_timeout_s: float = config_field(
+        600.0, "Every pod must be running this long after the Job is created, or the attempt fails naming why "
+        "(unschedulable, image pull, crash loop).", min=1.0)
+    ttl_after_finished_s: int = config_field(
+        300, "ttlSecondsAfterFinished: the cluster deletes a finished Job that the launcher could not.", min=0)
+    queue_name: str = config_field(
+        "", "Kueue LocalQueue: the Job is created suspended and Kueue admits every pod at once; empty: no Kueue.")
+    deferrable: bool = config_field(
+        False, "TorchrunOperator and @task.torchrun wait in the triggerer while the pods run instead of "
+        "holding a worker slot.")
+
+
+@dataclass(kw_only=True)
 class LaunchConfig:
     """Where and how the ranks run: one definition for the pipeline's train stage, ``TorchrunOperator``
     and ``@task.torchrun`` (their keyword arguments are these fields)."""
 
-    kind: str = config_field("local", "Launcher: local runs torchrun as processes of this worker.", choices=["local"])
+    kind: str = config_field(
+        "local", "Launcher: local runs torchrun as processes of this worker; kubernetes runs one pod per node "
+        "(launch.kubernetes.*).", choices=["local", "kubernetes"],
+    )
     nnodes: int = config_field(1, "Nodes (machines) of the job; more than one needs rdzv_endpoint.", min=1, max=1024)
     nproc_per_node: int = config_field(2, "Training processes (ranks) on each node.", min=1, max=64)
     node_rank: int = config_field(0, "This node's rank when the local launcher joins a multi-node job.", min=0)
@@ -131,6 +181,7 @@ class LaunchConfig:
         600.0, "Stop the job and fail the attempt (retryable) when no training step completes for this "
         "long; 0 disables the watchdog.", min=0.0,
     )
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
 
 @dataclass(kw_only=True)

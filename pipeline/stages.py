@@ -83,7 +83,8 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
         entry=["-m", "pipeline.train", "--recipe", cfg.RECIPE, "--config", str(run.job_dir("train") / "config.json"),
                "--out", str(run.job_dir("train")), *(arg for uri in dataset_uris(dataset) for arg in ("--dataset", uri))],
         job_dir=run.job_dir("train"), launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
-        try_number=run.try_number,
+        try_number=run.try_number, labels={"dag_id": run.dag_id, "run_id": run.run_id, "task_id": "train",
+                                           "try_number": str(run.try_number)},
         # Rank 0 buffers and retries metrics itself: MLflow's own HTTP retries would stall a step.
         env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri(),
              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"},

@@ -56,23 +56,44 @@ class TorchrunOperator(BaseOperator):
         self.env = dict(env or {})
         self._job = None
 
+    def _spec(self, context):
+        from pipeline.launch.spec import JobSpec
+
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", -1)
+        folder = job_dir(ti.dag_id, ti.run_id, ti.task_id, map_index)
+        return JobSpec(entry=self.entry, job_dir=folder, launch=self.launch, no_python=self.no_python,
+                       env=self.env, name=f"{ti.dag_id}-{ti.task_id}-{ti.try_number}", try_number=ti.try_number,
+                       labels={"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
+                               "map_index": str(map_index), "try_number": str(ti.try_number)})
+
     def execute(self, context) -> Any:
         from airflow.sdk.exceptions import AirflowFailException
 
         from pipeline.errors import UserError
-        from pipeline.launch.spec import Job, JobSpec
+        from pipeline.launch.spec import Job
 
-        ti = context["ti"]
-        folder = job_dir(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
-        spec = JobSpec(entry=self.entry, job_dir=folder, launch=self.launch, no_python=self.no_python,
-                       env=self.env, name=f"{ti.dag_id}-{ti.task_id}-{ti.try_number}", try_number=ti.try_number)
+        spec = self._spec(context)
+        if self.launch.kind == "kubernetes" and self.launch.kubernetes.deferrable:
+            from pipeline.launch import kube_deferred
+
+            return kube_deferred.start(self, spec, restart=0, started=time.time())
         self._job = Job(spec)
         started = time.perf_counter()
         try:
             result = self._job.run(emit=self.log.info)
         except UserError as exc:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
-        return self._result(result or {}, folder, time.perf_counter() - started)
+        return self._result(result or {}, spec.job_dir, time.perf_counter() - started)
+
+    def execute_complete(self, context, event: dict[str, Any], restart: int, started: float) -> Any:
+        """Back from the triggerer (``launch.kubernetes.deferrable``): tear the Job down, then rank 0's
+        result, a user error without retries, a replacement Job within ``max_restarts``, or the failure."""
+        from pipeline.launch import kube_deferred
+
+        spec = self._spec(context)
+        result = kube_deferred.complete(self, spec, event, restart=restart, started=started)
+        return self._result(result or {}, spec.job_dir, time.time() - started)
 
     def _result(self, result: Any, folder: Path, wall_s: float) -> Any:
         if isinstance(result, dict):
@@ -129,10 +150,23 @@ def _decorated_operator_class() -> type:
                 payload.write_bytes(_pickle_call(self.python_callable, list(self.op_args), dict(kwargs)))
                 result.unlink(missing_ok=True)
                 self.entry = ["-m", "pipeline.launch.function", str(payload), str(result)]
-                TorchrunOperator.execute(self, context)
+                TorchrunOperator.execute(self, context)  # defers with launch.kubernetes.deferrable
+                return self._return_value(context)
+
+            def execute_complete(self, context, event, restart, started) -> Any:
+                self.entry = ["-m", "pipeline.launch.function", *(str(self._folder(context) / name)
+                                                                  for name in ("function.pkl", "return_value.pkl"))]
+                TorchrunOperator.execute_complete(self, context, event, restart, started)
+                return self._return_value(context)
+
+            def _folder(self, context) -> Path:
+                ti = context["ti"]
+                return job_dir(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+
+            def _return_value(self, context) -> Any:
                 import cloudpickle
 
-                return self._handle_output(cloudpickle.loads(result.read_bytes()))
+                return self._handle_output(cloudpickle.loads((self._folder(context) / "return_value.pkl").read_bytes()))
 
         _DECORATED = _TorchrunDecoratedOperator
     return _DECORATED

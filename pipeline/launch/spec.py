@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol, Sequence
 from pipeline.config import LaunchConfig, PipelineConfig
 from pipeline.errors import ConfigError
 
-LAUNCHERS = {"local": "pipeline.launch.local:LocalLauncher"}
+LAUNCHERS = {"local": "pipeline.launch.local:LocalLauncher", "kubernetes": "pipeline.launch.kube:KubernetesLauncher"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     name: str = "job"  # unique per DAG run and try: labels, rendezvous ids
     try_number: int = 1
+    labels: dict[str, str] = field(default_factory=dict)  # dag_id, run_id, task_id, map_index, try_number
 
     @property
     def files(self) -> JobFiles:
@@ -92,7 +93,9 @@ def launch_config(options: dict[str, Any] | LaunchConfig | None = None) -> Launc
     """A validated ``LaunchConfig`` from keyword options (the same names and rules as ``launch.*``)."""
     if isinstance(options, LaunchConfig):
         return options
-    return PipelineConfig().with_overrides({f"launch.{k}": v for k, v in (options or {}).items()}).launch
+    from pipeline.config import flatten
+
+    return PipelineConfig().with_overrides(flatten(dict(options or {}), "launch.")).launch
 
 
 def launcher_for(spec: JobSpec) -> Launcher:
