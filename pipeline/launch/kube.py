@@ -162,10 +162,11 @@ class LogStreams:
         except Exception as exc:  # a pod deleted after it ended (autoscaler, teardown) has no log left: not a failure
             emit(f"[node {node}] (log stream of {pod} ended: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
 
-    def join(self, timeout_s: float) -> None:
+    def join(self, timeout_s: float, pods: list[str] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
-        for thread in self.threads.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for name, thread in self.threads.items():
+            if pods is None or name in pods:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class KubernetesLauncher:
@@ -279,7 +280,7 @@ class KubernetesLauncher:
     def _failure(self, spec: JobSpec, m: Manifests, failed: dict, ended, logs: LogStreams) -> Exception:
         from pipeline.launch.local import rank_failure
 
-        logs.join(timeout_s=10)  # the failing rank's last lines reach the task log first
+        logs.join(timeout_s=10, pods=[pod for pod, _ in failed.values()])  # the failed pods' last lines first
         user_error = reported_user_error(spec.files.errors)
         if user_error is not None:
             return user_error  # bad config or data: no restart, no retry

@@ -90,7 +90,9 @@ class TorchrunPodsTrigger(BaseTrigger):
                     message = f"Job {self.name}: node {node} (pod {pod}) {how}"
                 else:
                     message = f"Job {self.name}: the Job failed ({ended[1]})"
-                await asyncio.wait(list(streams.values()), timeout=10)
+                ended_streams = [streams[pod] for pod, _ in failed.values() if pod in streams]
+                if ended_streams:
+                    await asyncio.wait(ended_streams, timeout=10)  # the failed pods' last lines first
                 return {"status": "failed", "message": message}
             if ended and ended[0] == "Complete":
                 return {"status": "complete", "message": f"Job {self.name} completed"}

@@ -1,0 +1,311 @@
+"""The Kubernetes launcher's lifecycle against a stand-in API server (tests/kube_standin.py): no
+Kubernetes API server can run on the project's machines. The launcher is the real one, with the
+official client reaching the server through the Kubernetes provider's connection; the stand-in plays
+the scheduler, the Job controller and the kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import RankUserError, TrainingFailed
+from pipeline.launch import kube, kube_trigger
+from pipeline.launch.kube import PodsNotRunning
+from pipeline.launch.spec import Job, JobSpec, launch_config
+from tests import kube_standin
+from tests.kube_standin import StandinCluster
+
+CONN = "k8s_standin"
+# Exactly the verbs the README's Role grants.
+ROLE = {("create", "jobs"), ("get", "jobs"), ("delete", "jobs"), ("create", "services"), ("delete", "services"),
+        ("list", "pods"), ("get", "pods/log")}
+
+
+@pytest.fixture(autouse=True)
+def fast_polls(monkeypatch):
+    monkeypatch.setattr(kube, "POLL_S", 0.1)
+
+
+def make_spec(tmp_path: Path, *, try_number: int = 1, **launch) -> JobSpec:
+    kubernetes = {"connection_id": CONN, "volumes": [f"runs:{tmp_path}"], "schedule_timeout_s": 20,
+                  **launch.pop("kubernetes", {})}
+    options = {"kind": "kubernetes", "nnodes": 2, "nproc_per_node": 8, "grace_period_s": 1,
+               "kubernetes": kubernetes, **launch}
+    return JobSpec(entry=["-m", "pipeline.train", "--recipe", "tabular_mlp"], job_dir=tmp_path / "job",
+                   launch=launch_config(options), name=f"dag-train-{try_number}", try_number=try_number,
+                   labels={"dag_id": "dag", "run_id": "manual__2026-11-30T12:00:00+00:00", "task_id": "train",
+                           "try_number": str(try_number)})
+
+
+@pytest.fixture
+def cluster_for(monkeypatch):
+    started = []
+
+    def start(scenario, **kwargs) -> StandinCluster:
+        cluster = StandinCluster(functools.partial(scenario, **kwargs) if kwargs else scenario).__enter__()
+        for key, value in cluster.connection_env(CONN).items():
+            monkeypatch.setenv(key, value)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.__exit__()
+
+
+def assert_torn_down(cluster: StandinCluster) -> None:
+    assert cluster.wait_for(lambda: not cluster.left_behind(), 10), cluster.left_behind()
+    jobs = [d for d in cluster.deletions if d["kind"] == "jobs"]
+    assert jobs and all(d["propagationPolicy"] == "Foreground" for d in jobs)
+    assert {d["name"] for d in cluster.deletions if d["kind"] == "services"} >= {d["name"] for d in jobs}
+    assert set(cluster.requests) <= ROLE, set(cluster.requests) - ROLE
+
+
+def test_a_job_runs_streams_every_pods_log_live_and_returns_rank_0s_result(cluster_for, tmp_path):
+    cluster = cluster_for(kube_standin.nodes_run, lines=4)
+    lines: list[str] = []
+    result = Job(make_spec(tmp_path)).run(lines.append)
+    assert result == {"final_loss": 0.25, "nodes": 2}  # written by "rank 0" into the shared job folder
+    for node in (0, 1):
+        assert [line for line in lines if line.startswith(f"[node {node}] ")] == [
+            f"[node {node}] [rank {node}] step {i}" for i in range(4)]
+    assert cluster.max_open_streams == 2  # both pods' logs were followed at the same time
+    created = cluster.created_jobs[0]["metadata"]
+    assert created["labels"]["pipeline.ddp/run_id"] == "manual__2026-11-30T12_00_00_00_00"
+    assert created["annotations"]["pipeline.ddp/run_id"] == "manual__2026-11-30T12:00:00+00:00"
+    assert any(line.startswith("all 2 pod(s)") for line in lines)
+    assert_torn_down(cluster)
+
+
+def test_unschedulable_pods_fail_the_attempt_with_the_schedulers_message(cluster_for, tmp_path):
+    cluster = cluster_for(kube_standin.unschedulable)
+    with pytest.raises(PodsNotRunning) as err:
+        Job(make_spec(tmp_path, kubernetes={"schedule_timeout_s": 1.5})).run(lambda line: None)
+    message = str(err.value)
+    assert "schedule_timeout_s=1.5s" in message
+    assert "node 1" in message and "unschedulable: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu." in message
+    assert_torn_down(cluster)
+
+
+def test_an_image_pull_failure_is_named_when_the_schedule_timeout_passes(cluster_for, tmp_path):
+    cluster = cluster_for(kube_standin.image_pull_backoff)
+    with pytest.raises(PodsNotRunning, match=r'node 1 \(.*\): image pull failure \(ImagePullBackOff\): '
+                                             r'Back-off pulling image "registry.example/ddp:missing"'):
+        Job(make_spec(tmp_path, kubernetes={"schedule_timeout_s": 1.5, "image": "registry.example/ddp:missing"})).run(print)
+    assert_torn_down(cluster)
+
+
+def test_a_pod_that_crashes_before_the_others_run_fails_at_once(cluster_for, tmp_path):
+    cluster = cluster_for(kube_standin.crash_before_start)
+    started = time.monotonic()
+    with pytest.raises(PodsNotRunning, match=r"node 1 .* crashed before every pod was running: exited with code 127"):
+        Job(make_spec(tmp_path, kubernetes={"schedule_timeout_s": 600})).run(print)
+    assert time.monotonic() - started < 60  # not the schedule timeout
+    assert_torn_down(cluster)
+
+
+def test_a_failed_pod_stops_the_job_and_max_restarts_replaces_it_then_the_attempt_fails(cluster_for, tmp_path):
+    cluster = cluster_for(kube_standin.nodes_run, fail_node=1)
+    lines: list[str] = []
+    with pytest.raises(TrainingFailed) as err:
+        Job(make_spec(tmp_path, max_restarts=1)).run(lines.append)
+    assert not isinstance(err.value, RankUserError)
+    assert "node 1 (pod " in str(err.value) and "exited with code 1" in str(err.value)
+    names = [j["metadata"]["name"] for j in cluster.created_jobs]
+    assert len(names) == 2 and names[0].endswith("-r0") and names[1].endswith("-r1")
+    assert any("replacing the Job (1 of 1)" in line for line in lines)
+    assert "[node 1] RuntimeError: boom" in lines  # the failing pod's last lines reached the task log
+    assert_torn_down(cluster)
+
+
+def test_a_rank_user_error_fails_at_once_without_a_restart(cluster_for, tmp_path):
+    cluster = cluster_for(kube_standin.nodes_run, fail_node=1, user_error=True)
+    with pytest.raises(RankUserError, match="rank 8: DataError: shard 3, row 17"):
+        Job(make_spec(tmp_path, max_restarts=2)).run(lambda line: None)
+    assert len(cluster.created_jobs) == 1
+    assert_torn_down(cluster)
+
+
+def test_the_run_timeout_stops_the_job(cluster_for, tmp_path):
+    cluster = cluster_for(kube_standin.nodes_run, forever=True)
+    with pytest.raises(TrainingFailed, match="launch.timeout_s=2s"):
+        Job(make_spec(tmp_path, timeout_s=2)).run(lambda line: None)
+    assert_torn_down(cluster)
+
+
+def test_stop_from_another_thread_deletes_the_job_its_pods_and_the_service(cluster_for, tmp_path):
+    """What on_kill does when the task is cleared, marked failed or times out while running on a worker."""
+    cluster = cluster_for(kube_standin.nodes_run, forever=True)
+    job = Job(make_spec(tmp_path))
+    outcome: list[BaseException] = []
+
+    def run():
+        try:
+            job.run(lambda line: None)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert cluster.wait_for(lambda: cluster.max_open_streams == 2, 30)
+    job.stop()
+    assert not cluster.left_behind()  # stop() itself waited for the foreground deletion
+    thread.join(30)
+    assert isinstance(outcome[0], TrainingFailed) and "stopped" in str(outcome[0])
+    assert_torn_down(cluster)
+
+
+def test_a_killed_task_process_leaves_nothing_running(cluster_for, tmp_path):
+    """SIGKILL of the process running the launcher (a killed worker): its guard deletes the Job."""
+    cluster = cluster_for(kube_standin.nodes_run, forever=True)
+    spec = make_spec(tmp_path)
+    driver = textwrap.dedent(f"""
+        from pathlib import Path
+        from pipeline.launch import kube
+        from pipeline.launch.spec import Job, JobSpec, launch_config
+        kube.POLL_S = 0.1
+        spec = JobSpec(entry={list(spec.entry)!r}, job_dir=Path({str(spec.job_dir)!r}),
+                       launch=launch_config({dataclasses.asdict(spec.launch)!r}),
+                       name={spec.name!r}, labels={spec.labels!r})
+        Job(spec).run(print)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ}, stdout=subprocess.DEVNULL)
+    try:
+        assert cluster.wait_for(lambda: cluster.max_open_streams == 2, 60), "the pods did not start"
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+    assert_torn_down(cluster)
+
+
+def test_an_airflow_retry_gets_a_new_job_over_the_same_checkpoint_folder(cluster_for, tmp_path):
+    cluster = cluster_for(kube_standin.nodes_run, fail_node=0)
+    with pytest.raises(TrainingFailed):
+        Job(make_spec(tmp_path, try_number=1)).run(lambda line: None)
+    cluster.scenario = functools.partial(kube_standin.nodes_run, result={"resumed": True})
+    assert Job(make_spec(tmp_path, try_number=2)).run(lambda line: None) == {"resumed": True}
+    first, second = cluster.created_jobs
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+    assert second["metadata"]["labels"]["pipeline.ddp/try_number"] == "2"
+    envs = [cluster.pod_env(j) for j in (first, second)]
+    assert envs[0]["PIPELINE_CHECKPOINT_DIR"] == envs[1]["PIPELINE_CHECKPOINT_DIR"] == str(tmp_path / "job" / "checkpoints")
+    assert [e["PIPELINE_TRY_NUMBER"] for e in envs] == ["1", "2"]
+    assert_torn_down(cluster)
+
+
+# ----- deferrable: the operator defers to the trigger, which runs as Airflow's triggerer runs it
+
+
+def _operator(tmp_path, **launch):
+    from pipeline.launch import TorchrunOperator
+
+    return TorchrunOperator(task_id="fit", entry=["-m", "pipeline.train"], kind="kubernetes", nnodes=2,
+                            nproc_per_node=1, grace_period_s=1, **launch,
+                            kubernetes={"connection_id": CONN, "deferrable": True, "volumes": [f"runs:{tmp_path}"]})
+
+
+def _context(tmp_path, monkeypatch, try_number=1):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("PIPELINE_RUNS_DIR", str(tmp_path / "runs"))
+    ti = SimpleNamespace(dag_id="dag", run_id=f"deferred-{os.getpid()}", task_id="fit", map_index=-1, try_number=try_number)
+    return {"ti": ti}
+
+
+def _defer(op, context):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    trigger = deferred.value.trigger
+    classpath, kwargs = trigger.serialize()  # what the triggerer stores and rebuilds it from
+    assert classpath == "pipeline.launch.kube_trigger.TorchrunPodsTrigger"
+    rebuilt = kube_trigger.TorchrunPodsTrigger(**{**kwargs, "poll_s": 0.1})
+    return rebuilt, deferred.value.method_name, deferred.value.kwargs
+
+
+def _runner():
+    """Airflow's own triggerer loop (``TriggerRunner.run_trigger``, ``cancel_triggers``)."""
+    from airflow.jobs.triggerer_job_runner import TriggerRunner
+
+    return TriggerRunner()
+
+
+def test_deferred_the_trigger_streams_the_logs_and_the_task_resumes_with_the_result(cluster_for, tmp_path, monkeypatch, capsys):
+    cluster = cluster_for(kube_standin.nodes_run, lines=3)
+    op, context = _operator(tmp_path), _context(tmp_path, monkeypatch)
+    trigger, method, kwargs = _defer(op, context)
+    assert cluster.created_jobs and method == "execute_complete"
+    capsys.readouterr()
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    assert event["status"] == "complete"
+    logged = capsys.readouterr().out  # the trigger's log: the task log, under the triggerer
+    for line in (f"[node {n}] [rank {n}] step {i}" for n in (0, 1) for i in range(3)):
+        assert line in logged
+    result = getattr(op, method)(context, event=event, **kwargs)
+    assert result["final_loss"] == 0.25
+    assert_torn_down(cluster)
+
+
+def test_a_deferred_task_stopped_by_a_user_deletes_the_job_from_the_triggerer(cluster_for, tmp_path, monkeypatch):
+    from airflow.jobs import triggerer_job_runner as tjr
+
+    cluster = cluster_for(kube_standin.nodes_run, forever=True)
+    trigger, _, _ = _defer(_operator(tmp_path), _context(tmp_path, monkeypatch))
+    runner = _runner()
+
+    async def triggerer():
+        runner.triggers[1] = {"task": None, "name": "train", "events": 0}
+        task = asyncio.create_task(runner.run_trigger(1, trigger))
+        runner.triggers[1]["task"] = task
+        while cluster.max_open_streams < 2:
+            await asyncio.sleep(0.1)
+        runner.to_cancel.append(1)  # the task was marked failed or cleared: the scheduler removes its trigger
+        await runner.cancel_triggers()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(triggerer(), 60))
+    assert tjr._USER_ACTION_CANCEL_MSG  # the path that calls the trigger's on_kill
+    assert_torn_down(cluster)
+
+
+def test_deferred_a_failed_pod_is_replaced_within_max_restarts_then_the_task_fails(cluster_for, tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    cluster = cluster_for(kube_standin.nodes_run, fail_node=1)
+    op, context = _operator(tmp_path, max_restarts=1), _context(tmp_path, monkeypatch)
+    trigger, method, kwargs = _defer(op, context)
+
+    async def first_event(t):
+        async for event in t.run():
+            return event.payload
+
+    event = asyncio.run(first_event(trigger))
+    assert event["status"] == "failed" and "node 1" in event["message"]
+    with pytest.raises(TaskDeferred) as again:  # the replacement Job, deferred in its turn
+        getattr(op, method)(context, event=event, **kwargs)
+    assert again.value.kwargs["restart"] == 1
+    trigger2 = kube_trigger.TorchrunPodsTrigger(**{**again.value.trigger.serialize()[1], "poll_s": 0.1})
+    event2 = asyncio.run(first_event(trigger2))
+    with pytest.raises(TrainingFailed, match="node 1"):
+        getattr(op, method)(context, event=event2, **again.value.kwargs)
+    assert [j["metadata"]["name"][-3:] for j in cluster.created_jobs] == ["-r0", "-r1"]
+    assert_torn_down(cluster)
