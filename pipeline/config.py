@@ -71,6 +71,10 @@ class DataConfig:
     window_intervals: int = config_field(
         3, "Intervals of daily datasets an asset-triggered training run reads, newest last.", min=1, max=366
     )
+    transform: str = config_field(
+        "", "Row transform run by the preparation after validation (module:ATTR of a factory taking this data "
+        "config, see pipeline.data.transform), e.g. a recipe's tokenization; empty stores the validated rows."
+    )
 
 
 @dataclass(kw_only=True)

@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "dataset": summary["dataset"],
         "model": summary["model"],
         "test_metrics": summary["test_metrics"],
+        **({"before_training": summary["train"]["baseline_metrics"]} if "baseline_metrics" in summary["train"] else {}),
         "promoted": summary["promoted"],
         "wall_s": summary["wall_s"] | {"total": round(total_s, 3)},
     }))

@@ -152,7 +152,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
     # The test split of every version the model was trained on (a window's, or the one version's).
     data = TrainingData.open(dataset_uris(dataset), run.workdir / "evaluate" / "cache")
     inputs, labels = spec.evaluation_inputs(data, "test")
-    classes = data.preprocessing["label_classes"]
+    classes = data.preprocessing.get("label_classes", [])
     with tracking.reachable("evaluate the registered models"):
         challenger_version = models.version_by_alias(name, models.CHALLENGER)
         if challenger_version is None or str(challenger_version.version) != registered["version"]:
@@ -161,12 +161,12 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
         if champion_version is not None and str(champion_version.version) == registered["version"]:
             champion_version = None  # a re-run of the run that made the champion
         scored: dict[str, dict[str, Any] | None] = {models.CHALLENGER: _score(
-            evaluator, name, models.CHALLENGER, registered["version"], inputs, labels), models.CHAMPION: None}
+            evaluator, cfg, name, models.CHALLENGER, registered["version"], inputs, labels), models.CHAMPION: None}
         mismatch = None
         if champion_version is not None:
             mismatch = _input_mismatch(name, str(champion_version.version), registered["version"])
             if mismatch is None:
-                scored[models.CHAMPION] = _score(evaluator, name, models.CHAMPION, str(champion_version.version),
+                scored[models.CHAMPION] = _score(evaluator, cfg, name, models.CHAMPION, str(champion_version.version),
                                                  inputs, labels)
         challenger, champion = scored[models.CHALLENGER], scored[models.CHAMPION]
         if mismatch:
@@ -210,7 +210,11 @@ def _train_spec(cfg: PipelineConfig):
     return get_recipe(cfg.RECIPE).load_train_spec()
 
 
-def _score(evaluator, name: str, alias: str, version: str, inputs, labels) -> dict[str, Any]:
+def _score(evaluator, cfg: PipelineConfig, name: str, alias: str, version: str, inputs, labels) -> dict[str, Any]:
+    """One registered version's metrics: its pyfunc's output scored by the evaluator, or, for an evaluator
+    with ``score_model`` (a language model's loss needs the model itself), what that returns."""
+    if hasattr(evaluator, "score_model"):
+        return {"version": version, **evaluator.score_model(f"models:/{name}@{alias}", inputs, labels, cfg)}
     import mlflow.pyfunc
 
     output = mlflow.pyfunc.load_model(f"models:/{name}@{alias}").predict(inputs)
@@ -274,7 +278,8 @@ def promote(
         "reason": reason,
         "report": evaluation["report"],
         "train": {"samples_per_s": trained.get("samples_per_s"), "world_size": trained["world_size"],
-                  "backend": trained["backend"], "final_metrics": trained["metrics"]},
+                  "backend": trained["backend"], "final_metrics": trained["metrics"],
+                  **({"baseline_metrics": trained["baseline_metrics"]} if "baseline_metrics" in trained else {})},
         "wall_s": {
             "prepare_data": dataset["wall_s"], "train": trained["wall_s"], "register_model": registered["wall_s"],
             "evaluate": evaluation["wall_s"], "promote": round(time.perf_counter() - started, 3),

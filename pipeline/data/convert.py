@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.data import mds, sources, splits
+from pipeline.data import transform as row_transform
 from pipeline.data.schema import Plan, check_columns
 from pipeline.data.stats import Stats
 from pipeline.data.validate import BAD_EXAMPLES, conform, quarantine_rows
@@ -166,6 +168,7 @@ def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
     bad_examples: list[str] = []
     read = bad = 0
     sample_rows: list[dict[str, Any]] = []
+    transform_counts: Counter = Counter()
     for batch in sources.read_unit(unit, plan.fmt, batch_rows=plan.batch_rows, string_columns=plan.text_columns):
         if _parent_gone(plan):
             raise SystemExit(f"the preparing process {plan.parent_pid} is gone; stopping")
@@ -191,6 +194,9 @@ def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
         codes = splits.assign(keys, seed=plan.split_seed, val_fraction=plan.val_fraction,
                               test_fraction=plan.test_fraction)
         _update_stats(stats, table, codes == 0, plan)
+        if plan.transform is not None:
+            rows = np.flatnonzero(good) if problems else np.arange(n)
+            table, codes = row_transform.apply_by_split(plan.transform, table, codes, transform_counts, batch.where, rows)
         # Rows grouped by split (stable: input order within a split), so each split's samples are one
         # contiguous run of the encoded buffer.
         order = np.argsort(codes, kind="stable")
@@ -210,7 +216,8 @@ def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
         qdir.mkdir(exist_ok=True)
         pq.write_table(pa.concat_tables(quarantined), qdir / f"{part}.parquet")
     return {"unit": unit.index, "read": read, "bad": bad, "bad_examples": bad_examples[:BAD_EXAMPLES],
-            "rows": {s: w.rows for s, w in writers.items()}, "stats": stats.to_dict(), "sample_rows": sample_rows}
+            "rows": {s: w.rows for s, w in writers.items()}, "stats": stats.to_dict(), "sample_rows": sample_rows,
+            "transform_counts": dict(transform_counts)}
 
 
 def _update_stats(stats: Stats, table, is_train: np.ndarray, plan: Plan) -> None:
@@ -224,5 +231,5 @@ def _update_stats(stats: Stats, table, is_train: np.ndarray, plan: Plan) -> None
     for name in plan.categorical_columns:
         for item in pc.value_counts(train.column(name)).to_pylist():
             stats.categories[name][item["values"]] += item["counts"]
-    for item in pc.value_counts(table.column(plan.label_column)).to_pylist():
+    for item in (pc.value_counts(table.column(plan.label_column)).to_pylist() if plan.label_column else []):
         stats.labels[item["values"]] += item["counts"]

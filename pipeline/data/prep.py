@@ -21,6 +21,7 @@ from typing import Any
 
 from pipeline.config import DataConfig
 from pipeline.data import convert, publish, sources
+from pipeline.data import transform as row_transform
 from pipeline.data.publish import (  # noqa: F401  (the stage's public names, imported from here)
     MANIFEST, PREPROCESSING, QUARANTINE, STATS, read_manifest, read_preprocessing, read_stats,
 )
@@ -37,15 +38,17 @@ def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, 
     if interval:
         inp = sources.select_interval(inp, cfg.partition_key, *interval)
     described = [publish.describe(f) for f in inp.files]
+    transform = row_transform.load(cfg)
     timings = {"digest": time.perf_counter() - started}
-    version = publish.content_version(described, cfg, inp.fmt, interval)
+    version = publish.content_version(described, cfg, inp.fmt, interval,
+                                      transform_files=row_transform.files_digest(transform) if transform else None)
     final = Path(out_root) / name / version
     if (final / MANIFEST).exists():
         log.info("dataset %s version %s already published at %s: skipping", name, version, final)
         return {**read_manifest(final), "skipped": True}
 
     units = sources.plan_units(inp, unit_bytes=cfg.unit_bytes)
-    plan = infer_plan(inp, units, cfg)
+    plan = infer_plan(inp, units, cfg, transform)
     workers = convert.plan_workers(units, inp.fmt, cfg.workers)
     tmp = publish.temporary_folder(final)
     try:
@@ -55,6 +58,8 @@ def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, 
         results = convert.convert(plan, units, tmp, workers=workers)
         timings["convert"] = time.perf_counter() - started - timings["digest"] - timings["plan"]
         shutil.rmtree(tmp / "_staged", ignore_errors=True)
+        if transform:
+            row_transform.copy_files(transform, tmp)
         manifest = publish.assemble(cfg, plan, name, version, final, tmp, described, results, interval, started,
                                     timings, workers=workers)
         publish.publish(tmp, final)

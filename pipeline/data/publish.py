@@ -103,15 +103,22 @@ _NOT_IN_VERSION = ("input_path", "format", "batch_rows", "workers", "max_bad_fra
                    "window_intervals")
 
 
-def content_version(described: list[dict[str, Any]], cfg: DataConfig, fmt: str, interval: tuple[str, str] | None) -> str:
+def content_version(described: list[dict[str, Any]], cfg: DataConfig, fmt: str, interval: tuple[str, str] | None,
+                    transform_files: list[list[str]] | None = None) -> str:
     """Content digest of the inputs (bytes and names: names key the splits) and of every setting that
-    changes the output. Worker count and batch size do not: the output is the same for any."""
+    changes the output, a row transform's files included. Worker count and batch size do not: the
+    output is the same for any."""
     relevant = {k: v for k, v in asdict(cfg).items() if k not in _NOT_IN_VERSION}
-    blob = json.dumps({
+    if not relevant.get("transform"):
+        relevant.pop("transform", None)  # versions made before row transforms keep their digest
+    content = {
         "format_version": FORMAT_VERSION, "input_format": fmt, "config": relevant,
         "interval": list(interval) if interval else None,
         "inputs": [[d["relpath"], d["sha256"]] for d in described],
-    }, sort_keys=True)
+    }
+    if transform_files is not None:
+        content["transform_files"] = transform_files
+    blob = json.dumps(content, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -135,7 +142,7 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
     for r in results:
         stats.merge(Stats.from_dict(r["stats"]))
     prep = stats.preprocessing(plan.declared_classes)
-    if len(prep["label_classes"]) < 2:
+    if plan.label_column and len(prep["label_classes"]) < 2:
         raise DataError(
             f"{cfg.input_path}: label column {plan.label_column!r} has {len(prep['label_classes'])} distinct "
             f"value(s) {prep['label_classes']}; expected at least 2 classes"
@@ -176,6 +183,7 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
         "bad_rows": {"count": bad, "read": read, "fraction": round(bad / read, 6), "policy": plan.on_bad_rows,
                      "quarantine": QUARANTINE if quarantine else None},
         "sample_rows": sample_rows,
+        **({"transform": _sum_counts(results)} if plan.transform is not None else {}),
         "workers": workers,  # the processes that converted, this one included
         "units": len(results),
         "prep_wall_s": round(time.perf_counter() - started, 3),
@@ -185,6 +193,16 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
     manifest["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     _write_json(tmp / MANIFEST, manifest)  # written last: its presence marks a complete version
     return manifest
+
+
+def _sum_counts(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row transform's counts of every unit, added up (rows in, rows out, dropped, ...)."""
+    from collections import Counter
+
+    total: Counter = Counter()
+    for r in results:
+        total.update(r.get("transform_counts", {}))
+    return dict(sorted(total.items()))
 
 
 def _merge_quarantine(tmp: Path) -> Path:

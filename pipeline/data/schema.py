@@ -53,15 +53,22 @@ class Plan:
     size_limit: int = 1 << 26
     batch_rows: int = 65_536
     parent_pid: int = 0  # workers stop when the process that started them is gone (killed)
+    # A recipe's row transform (pipeline.data.transform): ``columns`` are then its input and
+    # ``encodings`` are of the columns it returns.
+    transform: Any = None
 
     def schema(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k in (
+        schema = {k: v for k, v in asdict(self).items() if k in (
             "fmt", "columns", "label_column", "label_kind", "key_column", "numeric_columns",
             "categorical_columns", "image_columns", "array_columns", "encodings")}
+        if self.transform is not None:
+            schema |= {"input_columns": self.columns, "columns": sorted(self.encodings)}
+        return schema
 
 
-def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig) -> Plan:
-    """Each column's role and MDS encoding, from the first rows' Arrow schema and the config."""
+def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig, transform: Any = None) -> Plan:
+    """Each column's role and MDS encoding, from the first rows' Arrow schema and the config; with a
+    row ``transform``, the encodings of what it returns."""
     import pyarrow as pa
 
     first, rest = _first_batch(inp, units)
@@ -74,6 +81,17 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig) -
     for role, column in (("label_column", cfg.label_column), ("key_column", cfg.key_column)):
         if column and column not in names:
             raise DataError(f"{origin}: data.{role} {column!r} is not a column; the columns are {names}")
+    if transform is not None:
+        transform.check_columns(names, origin)
+        rest.close()
+        return Plan(
+            fmt=inp.fmt, columns=columns, label_column=cfg.label_column, label_kind="str", key_column=cfg.key_column,
+            numeric_columns=[], categorical_columns=[], image_columns=[], array_columns=[],
+            encodings=dict(transform.encodings), declared_classes=[], on_bad_rows=cfg.on_bad_rows,
+            val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction, split_seed=cfg.split_seed,
+            compression=None if cfg.compression == "none" else cfg.compression, size_limit=cfg.shard_size_limit_bytes,
+            batch_rows=cfg.batch_rows, parent_pid=os.getpid(), transform=transform,
+        )
     missing = [c for c in cfg.categorical_columns if c not in names]
     if missing:
         raise DataError(f"{origin}: data.categorical_columns {missing} are not columns; the columns are {names}")

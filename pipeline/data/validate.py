@@ -34,6 +34,9 @@ def conform(batch: sources.Batch, plan: Plan):
         column = batch.table.column(name)
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
+        if plan.transform is not None:  # the row transform reads (and checks) its input columns
+            out[name] = column
+            continue
         encoding = plan.encodings[name]
         try:
             if name in plan.numeric_columns:

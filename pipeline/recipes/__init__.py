@@ -14,6 +14,7 @@ from pipeline.errors import ConfigError
 BUILT_IN = {
     "tabular_mlp": "pipeline.recipes.tabular_mlp",
     "image_classifier": "pipeline.recipes.image_classifier",
+    "llm_sft": "pipeline.recipes.llm_sft",
 }
 ENTRY_POINT_GROUP = "ddp_pipelines.recipes"
 

@@ -46,17 +46,22 @@ def _settle(model_name: str, run_key: str, mine: str) -> str:
 
 
 def log_and_register(*, run_id: str, model_name: str, run_key: str, package, tags: dict[str, str]) -> tuple[str, bool]:
-    """Log a recipe's ``ModelPackage`` (a models-from-code pyfunc and its artifacts) into ``run_id`` and
-    register it once per ``run_key``; returns ``(version, created)``."""
+    """Log a recipe's ``ModelPackage`` (a models-from-code pyfunc and its artifacts, or another flavor's
+    model) into ``run_id`` and register it once per ``run_key``; returns ``(version, created)``."""
     existing = find_version(model_name, run_key)
     if existing is not None:
         log.info("model %s version %s already registered for %s: reusing it", model_name, existing.version, run_key)
         return str(existing.version), False
 
+    import importlib
+
     import mlflow
     import mlflow.pyfunc
     import torch
     from mlflow.models import infer_signature
+
+    flavor = importlib.import_module(f"mlflow.{package.flavor}")
+    flavor_args = package.log_args()
 
     requirements = package.pip_requirements or [
         f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "pandas", "numpy"]
@@ -65,14 +70,13 @@ def log_and_register(*, run_id: str, model_name: str, run_key: str, package, tag
         # The signature comes from what the model itself returns for the example (loaded as users will).
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / "model"
-            mlflow.pyfunc.save_model(str(local), python_model=package.python_model, artifacts=package.artifacts,
-                                     pip_requirements=requirements)
+            flavor.save_model(path=str(local), **flavor_args, pip_requirements=requirements)
             output = mlflow.pyfunc.load_model(str(local)).predict(package.input_example)
         signature = infer_signature(package.input_example, output)
         with mlflow.start_run(run_id=run_id):
-            info = mlflow.pyfunc.log_model(
-                name="model", python_model=package.python_model, artifacts=package.artifacts,
-                signature=signature, input_example=package.input_example, pip_requirements=requirements,
+            info = flavor.log_model(
+                name="model", **flavor_args, signature=signature, input_example=package.input_example,
+                pip_requirements=requirements,
             )
     version = mlflow.register_model(info.model_uri, model_name, tags={RUN_KEY_TAG: run_key, **tags})
     kept = _settle(model_name, run_key, str(version.version))

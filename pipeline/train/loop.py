@@ -82,9 +82,12 @@ class _Loop:
         resumed = self._resume()
         if resumed:
             step, epoch, start_step = resumed["step"], resumed["epoch"], resumed["step"]
-        flops_per_sample = 6.0 * sum(p.numel() for p in self.model.parameters())  # forward + backward, dense
-        meter = Throughput(world_size=dist.world_size, flops_per_sample=flops_per_sample,
-                           peak_flops_per_s=peak_flops(dist.device))
+        # Forward + backward of a dense network: 6 FLOPs per parameter per sample, or per token for a
+        # language model (attention's own FLOPs left out, as MFU figures usually do).
+        flops = 6.0 * sum(p.numel() for p in self.model.parameters())
+        meter = Throughput(world_size=dist.world_size, flops_per_sample=None if self.spec.tokens else flops,
+                           flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device))
+        baseline = self._baseline() if not resumed else None
         ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, "
                 f"{'bf16 autocast' if self.use_bf16 else 'fp32'}: {self.data.rows('train')} train rows, "
                 f"{self.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {self.total_steps} steps "
@@ -158,6 +161,8 @@ class _Loop:
             "samples_per_s": round(throughput["samples_per_s"], 1), "train_wall_s": round(train_wall_s, 3),
             "param_digests": digests,
         }
+        if baseline:
+            result["baseline_metrics"] = baseline
         if dist.is_main:
             ctx.metrics.log({f"train_{k}": v for k, v in throughput.items()}, step=step)
             self.model.eval()
@@ -181,6 +186,20 @@ class _Loop:
             path = ctx.checkpoints.save(step, state)
             print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True)
         distributed.barrier(ctx.dist)
+
+    def _baseline(self) -> dict[str, float] | None:
+        """The recipe's metrics of the untrained model (rank 0's), logged as ``baseline_<metric>``."""
+        if self.spec.baseline is None:
+            return None
+        self.ctx.heartbeat.beat(0, phase="baseline", force=True)
+        with torch.no_grad(), self.autocast:
+            figures = self.spec.baseline(self.cfg, self.model, self.data, self.ctx.dist)
+        self.model.train()
+        distributed.barrier(self.ctx.dist)
+        if self.ctx.is_main:
+            self.ctx.log("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items()))
+            self.ctx.metrics.log({f"baseline_{k}": v for k, v in figures.items()}, step=0)
+        return figures
 
     def _resume(self) -> dict[str, Any] | None:
         """Load the newest intact checkpoint of this job, if any; every rank loads the one rank 0 chose."""

@@ -12,15 +12,25 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelPackage:
-    """What registration logs: a models-from-code pyfunc file that imports neither ``pipeline`` nor the
-    recipe, the artifacts it loads, and an input example (from which the signature is inferred)."""
+    """What registration logs: by default (``flavor="pyfunc"``) a models-from-code pyfunc file that imports
+    neither ``pipeline`` nor the recipe and the artifacts it loads; or the keyword arguments of another MLflow
+    flavor's ``save_model``/``log_model`` (``flavor="transformers"``, ``flavor_args={"transformers_model": ...,
+    "task": ...}``). And an input example, from which the signature is inferred."""
 
-    python_model: str
-    artifacts: dict[str, str]
     input_example: Any
+    python_model: str = ""
+    artifacts: dict[str, str] = field(default_factory=dict)
     pip_requirements: list[str] = field(default_factory=list)
+    flavor: str = "pyfunc"  # the module mlflow.<flavor> that saves and logs the model
+    flavor_args: dict[str, Any] = field(default_factory=dict)
+
+    def log_args(self) -> dict[str, Any]:
+        """The flavor's own keyword arguments of ``save_model`` / ``log_model``."""
+        if self.flavor == "pyfunc":
+            return {"python_model": self.python_model, "artifacts": self.artifacts}
+        return dict(self.flavor_args)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +54,10 @@ class TrainSpec:
     evaluator: Any = None
     # tokens(batch) -> tokens in the batch, for tokens/s (language models); None counts samples only.
     tokens: Callable[[dict[str, Any]], int] | None = None
+    # baseline(cfg, model, data, dist) -> {metric: value} of the untrained model, called on every rank before
+    # the first step of a fresh run (not on resume); rank 0's are logged as baseline_<metric> and returned
+    # in the result's ``baseline_metrics``.
+    baseline: Callable[..., dict[str, float]] | None = None
 
     def __post_init__(self) -> None:
         loop_hooks = (self.build_model, self.batch_transform, self.loss, self.export)

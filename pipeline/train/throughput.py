@@ -33,13 +33,15 @@ def _empty() -> dict:
 class Throughput:
     """Accumulates one rank's timings between ``window()`` calls and over the whole run.
 
-    ``flops_per_sample`` (forward + backward, e.g. 6 x parameters x tokens per sample) and
-    ``peak_flops_per_s`` make MFU available; both are optional.
+    ``flops_per_sample`` (forward + backward, e.g. 6 x parameters for a dense network) or, for
+    language models, ``flops_per_token`` (6 x parameters) with ``peak_flops_per_s`` make MFU
+    available; all are optional.
     """
 
     world_size: int = 1
     flops_per_sample: float | None = None
     peak_flops_per_s: float | None = None
+    flops_per_token: float | None = None
     _window: dict = field(default_factory=lambda: _empty())
     _total: dict = field(default_factory=lambda: _empty())
 
@@ -74,7 +76,7 @@ class Throughput:
         }
         if acc["tokens"]:
             figures["tokens_per_s"] = acc["tokens"] * self.world_size / elapsed
-        if self.flops_per_sample and self.peak_flops_per_s:
-            achieved = acc["samples"] * self.flops_per_sample / elapsed  # per device
-            figures["mfu"] = achieved / self.peak_flops_per_s
+        if self.peak_flops_per_s and (self.flops_per_token or self.flops_per_sample):
+            work = acc["tokens"] * self.flops_per_token if self.flops_per_token else acc["samples"] * self.flops_per_sample
+            figures["mfu"] = work / elapsed / self.peak_flops_per_s  # per device
         return figures

@@ -1,0 +1,53 @@
+"""The offline demo's input: two-digit additions as prompt/response rows ("12+34=" -> "46") and a tokenizer
+trained on them in-process (byte-level BPE, one token per digit), written beside the rows."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+
+
+def addition_rows(seed: int = 0) -> list[dict[str, str]]:
+    """Every sum of two numbers in 10..99 (8,100 rows), shuffled."""
+    rows = [{"prompt": f"{a}+{b}=", "response": str(a + b)} for a in range(10, 100) for b in range(10, 100)]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def train_tokenizer(texts: list[str], out_dir: Path, *, vocab_size: int = 300) -> Path:
+    """A byte-level BPE tokenizer trained on ``texts`` (digits always single tokens, a BOS added in front),
+    saved as a fast tokenizer that ``AutoTokenizer.from_pretrained(out_dir)`` loads offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = list(SPECIAL_TOKENS.values())
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bos = SPECIAL_TOKENS["bos_token"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.token_to_id(bos))])
+    # model_input_names: without it generate() is handed token_type_ids, which Llama does not take.
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_input_names=["input_ids", "attention_mask"],
+                                   **SPECIAL_TOKENS)
+    out_dir = Path(out_dir)
+    fast.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def write_addition(path: Path, *, rows: int | None = None, seed: int = 0) -> Path:
+    """The rows as JSON Lines at ``path`` and their tokenizer in ``path``'s folder, under ``tokenizer/``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = addition_rows(seed)[:rows]
+    train_tokenizer([r["prompt"] + r["response"] for r in data], path.parent / "tokenizer")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in data))
+    tmp.replace(path)
+    return path
