@@ -1,0 +1,165 @@
+"""The pods' exact commands and environments (rendered from the Job manifest as the kubelet would) run
+as 2 torchrun agents of 1 process each, rendezvousing through the rendered master address, and
+reaching the same parameters as 1 node with 2 processes.
+
+No cluster runs here: each "pod" is a network namespace (``ip netns``) joined to the other by a veth
+pair, with the pod's hostname (``unshare --uts``) and an /etc/hosts in which the rendered
+``JOB-0.SERVICE`` name resolves to pod 0, as a headless Service's DNS record does. Where network
+namespaces cannot be created (no CAP_NET_ADMIN), both agents run on this machine's loopback with the
+master address replaced by 127.0.0.1, and the test says so in its output and its report property.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.launch.kube import manifests_for
+from pipeline.launch.kube_manifest import rendered_pod
+from pipeline.launch.local import run_torchrun
+from pipeline.launch.spec import JobSpec, launch_config
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = textwrap.dedent("""
+    import json, os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(100 + rank)  # each rank its own shard
+    for step in range(10):
+        x = torch.randn(32, 8, generator=data)
+        y = torch.randint(0, 3, (32,), generator=data)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    print(f"rank {rank} of {world}: host {os.uname().nodename}, master {os.environ['MASTER_ADDR']}", flush=True)
+    if rank == 0:
+        params = [p.detach().double().flatten().tolist() for p in model.module.parameters()]
+        with open(os.environ["PIPELINE_RESULT_FILE"], "w") as fh:
+            json.dump({"params": params, "world": world}, fh)
+    dist.destroy_process_group()
+""")
+
+
+def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, **kwargs)
+
+
+class Namespaces:
+    """Two network namespaces, a veth pair between them, and per-namespace /etc/hosts files."""
+
+    def __init__(self, tag: str):
+        self.names = [f"kpod{tag}a", f"kpod{tag}b"]
+        self.ips = ["10.231.7.1", "10.231.7.2"]
+
+    def create(self, hosts: list[str]) -> bool:
+        a, b = self.names
+        steps = [["ip", "netns", "add", a], ["ip", "netns", "add", b],
+                 ["ip", "link", "add", f"{a}v", "type", "veth", "peer", "name", f"{b}v"],
+                 ["ip", "link", "set", f"{a}v", "netns", a], ["ip", "link", "set", f"{b}v", "netns", b]]
+        for ns, dev, ip in ((a, f"{a}v", self.ips[0]), (b, f"{b}v", self.ips[1])):
+            steps += [["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev], ["ip", "-n", ns, "link", "set", dev, "up"],
+                      ["ip", "-n", ns, "link", "set", "lo", "up"]]
+        for step in steps:
+            if shutil.which(step[0]) is None or _run(step).returncode != 0:
+                self.remove()
+                return False
+        try:
+            for ns, text in zip(self.names, hosts):
+                folder = Path("/etc/netns") / ns
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "hosts").write_text(text)
+                # No DNS server in the namespace: lookups of other names fail at once instead of timing out.
+                (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        except OSError:
+            self.remove()
+            return False
+        return True
+
+    def wrap(self, index: int, hostname: str, command: list[str]) -> list[str]:
+        """Run ``command`` in namespace ``index`` with its own hostname, as a pod's container runs."""
+        return ["ip", "netns", "exec", self.names[index], "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', hostname, *command]
+
+    def remove(self) -> None:
+        for ns in self.names:
+            _run(["ip", "netns", "del", ns])
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rendered_pods_rendezvous_through_the_master_address_and_match_one_node(tmp_path, record_property):
+    script = tmp_path / "ddp_params.py"
+    script.write_text(SCRIPT)
+
+    reference = run_torchrun([str(script)], nproc_per_node=2, job_dir=tmp_path / "one-node", emit=lambda line: None)
+    assert reference["world"] == 2
+
+    job_dir = tmp_path / "pods"
+    launch = launch_config({"kind": "kubernetes", "nnodes": 2, "nproc_per_node": 1, "backend": "gloo",
+                            "kubernetes": {"volumes": [f"runs:{tmp_path}"]}})
+    spec = JobSpec(entry=[str(script)], job_dir=job_dir, launch=launch, name="pods-rdzv",
+                   labels={"dag_id": "d", "run_id": "r", "task_id": "t", "try_number": "1"})
+    m = manifests_for(spec, 0)
+    job_dir.mkdir(parents=True)
+    pods = [rendered_pod(m, i) for i in (0, 1)]
+    master = pods[0][1]["PET_MASTER_ADDR"]
+    hostnames = [f"{m.name}-{i}" for i in (0, 1)]
+    assert master == f"{hostnames[0]}.{m.service.metadata.name}"
+
+    net = Namespaces(str(os.getpid()))
+    # /etc/hosts stands in for the cluster's DNS too: the headless Service's records (pod 0's name is the
+    # master address) forward and reverse, and a pod's own hostname.
+    service = m.service.metadata.name
+    records = "".join(f"{net.ips[i]} {hostnames[i]}.{service} {hostnames[i]}\n" for i in (0, 1))
+    hosts = ["127.0.0.1 localhost\n" + records] * 2
+    isolated = os.geteuid() == 0 and net.create(hosts)
+    mode = "network namespaces joined by a veth pair" if isolated else "loopback (network namespaces unavailable)"
+    record_property("rendezvous_mode", mode)
+    print(f"rendezvous over {mode}")
+    try:
+        agents = []
+        for index, (command, env) in enumerate(pods):
+            assert command[0] == "python"  # the image's interpreter; this machine's here
+            argv = [sys.executable, *command[1:]]
+            env = {**os.environ, **env}
+            if isolated:
+                argv = net.wrap(index, hostnames[index], argv)
+            else:
+                env.update(PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(_free_port() if index == 0 else env_port))
+            env_port = env["PET_MASTER_PORT"]
+            agents.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outputs = [agent.communicate(timeout=150)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+        if isolated:
+            net.remove()
+    for index, (agent, output) in enumerate(zip(agents, outputs)):
+        assert agent.returncode == 0, f"pod {index} failed:\n{output}"
+    if isolated:  # each agent ran as its pod, with the rendered DNS name as the master
+        for index in (0, 1):
+            assert f"host {hostnames[index]}, master {master}" in outputs[index], outputs[index]
+    result = json.loads(spec.files.result.read_text())
+    assert result["world"] == 2
+    assert result["params"] == reference["params"]  # bitwise: the same seed, shards and reduction
