@@ -139,7 +139,7 @@ class KubernetesConfig:
     env_from_secrets: list[str] = config_field(
         [], "Secrets whose keys become environment variables of the ranks (MLflow or object-store credentials); "
         "their values never appear in the manifest.")
-    run_as_user: int = config_field(1000, "User id the containers run as (the image's non-root user).", min=1)
+    run_as_user: int = config_field(50000, "User id the containers run as (the image's non-root user).", min=1)
     master_port: int = config_field(29500, "Port of the c10d rendezvous on pod 0.", min=1024, max=65535)
     schedule_timeout_s: float = config_field(
         600.0, "Every pod must be running this long after the Job is created, or the attempt fails naming why "

@@ -88,7 +88,7 @@ def build(*, name: str, entry: list[str], launch: LaunchConfig, env: dict[str, s
         termination_message_policy="FallbackToLogsOnError",
     )
     pod = k8s.V1PodSpec(
-        containers=[container], restart_policy="Never", subdomain=service_name, hostname=None,
+        containers=[container], restart_policy="Never", subdomain=service_name,
         service_account_name=kube.service_account or None,
         node_selector=dict(_pair(s, "launch.kubernetes.node_selector") for s in kube.node_selector) or None,
         tolerations=[_toleration(t) for t in kube.tolerations] or None,
@@ -96,7 +96,7 @@ def build(*, name: str, entry: list[str], launch: LaunchConfig, env: dict[str, s
         image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in kube.image_pull_secrets] or None,
         volumes=_volumes(kube), termination_grace_period_seconds=int(launch.grace_period_s),
         security_context=k8s.V1PodSecurityContext(
-            run_as_non_root=True, run_as_user=kube.run_as_user, run_as_group=kube.run_as_user, fs_group=kube.run_as_user,
+            run_as_non_root=True, run_as_user=kube.run_as_user, fs_group=kube.run_as_user,  # group 0: the image's
             seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
     )
     job_labels = dict(meta_labels)

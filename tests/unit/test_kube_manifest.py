@@ -71,7 +71,7 @@ def test_2_nodes_x_8_gpus_round_trip_through_the_client_models_with_every_settin
     assert pod["affinity"] == AFFINITY
     assert pod["imagePullSecrets"] == [{"name": "registry-creds"}]
     assert pod["terminationGracePeriodSeconds"] == 30
-    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000,
                                       "seccompProfile": {"type": "RuntimeDefault"}}
     assert pod["volumes"] == [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
@@ -169,3 +169,18 @@ def test_launch_kubernetes_is_chosen_per_run_by_overrides_and_checked_like_any_f
         recipe.config().with_overrides({"launch.kubernetes.imag": "x"})
     assert isinstance(manifests_for(JobSpec(entry=["t.py"], job_dir="/w/j", launch=launch_config(
         {"kind": "kubernetes", "kubernetes": {"volumes": ["home:/w"]}})), 0).job, k8s.V1Job)
+
+
+def test_the_default_image_is_the_dockerfiles_and_runs_as_its_non_root_user():
+    from pathlib import Path
+
+    from pipeline.config import KubernetesConfig
+
+    dockerfile = (Path(__file__).parents[2] / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
+    assert users and users[-1] == str(KubernetesConfig().run_as_user) != "0"
+    assert f"docker build -t {KubernetesConfig().image} ." in dockerfile
+    assert "pip install -r /tmp/requirements.txt" in dockerfile  # torch and the rest as pinned
+    settings = re.findall(r"^(?:ENV|ARG)\s+(.*(?:\n\s+.*\\?)*)", dockerfile, re.M)
+    assert not re.search(r"PASSWORD|SECRET|TOKEN|_KEY", " ".join(settings), re.I)
+    assert ".env" in (Path(__file__).parents[2] / ".dockerignore").read_text().split()
