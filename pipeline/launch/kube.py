@@ -212,9 +212,9 @@ class KubernetesLauncher:
              f"rank(s), image {kube.image}" + (f", Kueue queue {kube.queue_name}" if kube.queue_name else ""))
         guard = start_guard(cluster, m)
         self._current = (cluster, m)
-        cluster.create(m)
         logs = LogStreams(cluster, m, emit)
         try:
+            cluster.create(m)
             self._wait_running(cluster, m, spec, logs, emit)
             self._wait_done(cluster, m, spec, logs, emit)
         finally:
