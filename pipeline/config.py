@@ -34,11 +34,24 @@ class DataConfig:
         choices=["auto", "parquet", "csv", "jsonl", "idx", "image_folder"],
     )
     columns: list[str] = config_field([], "Columns the input must have, no more and no fewer; empty takes the first file's.")
-    label_column: str = config_field("label", "Column holding the class label (integers or strings).")
+    label_column: str = config_field(
+        "label", "Column holding the class label (integers or strings); empty for data without labels "
+        "(interactions, text).")
     categorical_columns: list[str] = config_field(
         [], "Feature columns to encode with a vocabulary; empty means every string column."
     )
     key_column: str = config_field("", "Column whose hash assigns rows to splits; empty uses row position.")
+    split_by: str = config_field(
+        "hash", "How rows go to train/val/test. hash: by a hash of key_column (or the row position), in the "
+        "fractions below; time: the newest val_fraction and test_fraction of rows by time_column, from cut-offs "
+        "over the whole input; last_per_group: each group_column value's newest test_per_group rows by "
+        "time_column go to test and the val_per_group before them to val.",
+        choices=["hash", "time", "last_per_group"],
+    )
+    time_column: str = config_field("", "Numeric column of event times (e.g. epoch seconds) that time splits order rows by.")
+    group_column: str = config_field("", "Column whose values (e.g. users) last_per_group holds out the newest rows of.")
+    val_per_group: int = config_field(1, "last_per_group: each group's rows held out for validation.", min=0, max=1000)
+    test_per_group: int = config_field(1, "last_per_group: each group's newest rows held out for test.", min=1, max=1000)
     val_fraction: float = config_field(0.1, "Fraction of rows in the validation split.", min=0.0, max=0.5)
     test_fraction: float = config_field(0.1, "Fraction of rows in the test split.", min=0.01, max=0.5)
     split_seed: int = config_field(0, "Salt of the split hash; change it to draw other splits.", min=0)

@@ -151,7 +151,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
     name, run_id = cfg.registry.model_name, registered["mlflow_run_id"]
     # The test split of every version the model was trained on (a window's, or the one version's).
     data = TrainingData.open(dataset_uris(dataset), run.workdir / "evaluate" / "cache")
-    inputs, labels = spec.evaluation_inputs(data, "test")
+    inputs, labels = spec.evaluation_inputs(data, "test", cfg=cfg)
     classes = data.preprocessing.get("label_classes", [])
     with tracking.reachable("evaluate the registered models"):
         challenger_version = models.version_by_alias(name, models.CHALLENGER)

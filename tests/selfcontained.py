@@ -25,18 +25,21 @@ _LOADER = textwrap.dedent(
     model = mlflow.pyfunc.load_model(sys.argv[1])
     output = model.predict(pd.read_pickle(sys.argv[2]))
     assert not any(m == "pipeline" or m.startswith("pipeline.") for m in sys.modules)
-    print("PREDICTIONS=" + json.dumps([str(p) for p in output["prediction"]]))
+    predictions = output[sys.argv[3]] if hasattr(output, "columns") else output  # a table, or texts (LLMs)
+    plain = lambda p: [str(v) for v in p] if hasattr(p, "__len__") and not isinstance(p, str) else str(p)
+    print("PREDICTIONS=" + json.dumps([plain(p) for p in predictions]))
     """
 )
 
 
-def predict_in_fresh_interpreter(model_uri: str, frame, tmp_path: Path) -> list[str]:
+def predict_in_fresh_interpreter(model_uri: str, frame, tmp_path: Path, column: str = "prediction") -> list:
     """``model_uri``'s predictions for ``frame`` (a pandas DataFrame), from a subprocess that cannot import
-    this project (its working folder is elsewhere, and an import hook refuses ``pipeline``)."""
+    this project (its working folder is elsewhere, and an import hook refuses ``pipeline``): the output's
+    ``column`` as text, or lists of text where its values are lists."""
     frame_path = tmp_path / "input.pkl"
     frame.to_pickle(frame_path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", _LOADER, model_uri, str(frame_path)], cwd=tmp_path, env=env,
+    done = subprocess.run([sys.executable, "-c", _LOADER, model_uri, str(frame_path), column], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(l for l in done.stdout.splitlines() if l.startswith("PREDICTIONS="))

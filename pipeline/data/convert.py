@@ -191,8 +191,11 @@ def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
             keys = batch.keys
         if plan.key_column:
             keys = splits.key_hashes(table.column(plan.key_column).to_pylist())
-        codes = splits.assign(keys, seed=plan.split_seed, val_fraction=plan.val_fraction,
-                              test_fraction=plan.test_fraction)
+        if plan.time_split is not None:
+            codes = plan.time_split.assign(table)
+        else:
+            codes = splits.assign(keys, seed=plan.split_seed, val_fraction=plan.val_fraction,
+                                  test_fraction=plan.test_fraction)
         _update_stats(stats, table, codes == 0, plan)
         if plan.transform is not None:
             rows = np.flatnonzero(good) if problems else np.arange(n)

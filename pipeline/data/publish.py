@@ -183,6 +183,7 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
         "bad_rows": {"count": bad, "read": read, "fraction": round(bad / read, 6), "policy": plan.on_bad_rows,
                      "quarantine": QUARANTINE if quarantine else None},
         "sample_rows": sample_rows,
+        **({"time_split": plan.time_split.describe()} if plan.time_split is not None else {}),
         **({"transform": _sum_counts(results)} if plan.transform is not None else {}),
         "workers": workers,  # the processes that converted, this one included
         "units": len(results),

@@ -31,6 +31,7 @@ class TrainingData:
     manifests: list[dict[str, Any]]
     preprocessing: dict[str, Any]
     cache_dir: Path
+    stats: Any = None  # the versions' merged statistics (pipeline.data.stats.Stats): counts per category
 
     @classmethod
     def open(cls, datasets: list[str], cache_dir: Path) -> "TrainingData":
@@ -57,7 +58,8 @@ class TrainingData:
         for d in dirs[1:]:
             stats.merge(read_stats(d))
         declared = first["config"].get("label_classes") or None
-        return cls(dirs=dirs, manifests=manifests, preprocessing=stats.preprocessing(declared), cache_dir=Path(cache_dir))
+        return cls(dirs=dirs, manifests=manifests, preprocessing=stats.preprocessing(declared), cache_dir=Path(cache_dir),
+                   stats=stats)
 
     @property
     def versions(self) -> list[str]:
@@ -185,8 +187,9 @@ class Encoder:
         return num, cat, label
 
     def encode_columns(self, columns: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Decoded columns (``decode_columns``) -> ``num`` float32 [B, F], ``cat`` int64 [B, C], ``label`` int64 [B]."""
-        rows = len(columns[self.label_column])
+        """Decoded columns (``decode_columns``) -> ``num`` float32 [B, F], ``cat`` int64 [B, C], ``label`` int64 [B]
+        (empty without a label column)."""
+        rows = len(columns[self.label_column] if self.label_column else next(iter(columns.values())))
         num = np.empty((rows, len(self.numeric)), dtype=np.float32)
         for j, c in enumerate(self.numeric):
             num[:, j] = columns[c]
@@ -196,6 +199,8 @@ class Encoder:
         for j, c in enumerate(self.categorical):
             cat[:, j] = np.fromiter(map(self.code_of[c].get, np.asarray(columns[c]).tolist(), repeat(0)),
                                     np.int64, rows)
+        if not self.label_column:  # data without labels
+            return num, cat, np.zeros(0, np.int64)
         try:
             label = np.fromiter(map(self.label_index.__getitem__, np.asarray(columns[self.label_column]).tolist()),
                                 np.int64, rows)

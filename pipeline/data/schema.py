@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline.config import DataConfig
-from pipeline.data import mds, sources
+from pipeline.data import mds, sources, splits
 from pipeline.data.validate import text_to_numbers
 from pipeline.errors import ConfigError, DataError
 
@@ -56,6 +56,7 @@ class Plan:
     # A recipe's row transform (pipeline.data.transform): ``columns`` are then its input and
     # ``encodings`` are of the columns it returns.
     transform: Any = None
+    time_split: Any = None  # a splits.TimeSplit when data.split_by is time or last_per_group
 
     def schema(self) -> dict[str, Any]:
         schema = {k: v for k, v in asdict(self).items() if k in (
@@ -97,8 +98,10 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig, t
         raise DataError(f"{origin}: data.categorical_columns {missing} are not columns; the columns are {names}")
     overrides = mds.parse_overrides(cfg.column_encodings)
 
-    label_type = schema.field(cfg.label_column).type
-    if pa.types.is_integer(label_type) or pa.types.is_boolean(label_type):
+    label_type = schema.field(cfg.label_column).type if cfg.label_column else None
+    if label_type is None:
+        label_kind = "none"  # data without labels: interactions, text
+    elif pa.types.is_integer(label_type) or pa.types.is_boolean(label_type):
         label_kind = "int"
     elif pa.types.is_string(label_type) or pa.types.is_large_string(label_type) or pa.types.is_dictionary(label_type):
         label_kind = "str"
@@ -106,6 +109,7 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig, t
         raise DataError(f"{origin}: label column {cfg.label_column!r} has type {label_type}; expected integer or "
                         f"string class labels")
 
+    time_split = splits.check_time_split(cfg, schema, origin)
     numeric, categorical, images, arrays, encodings = [], [], [], [], {}
     undeclared_text = []
     for name in columns:
@@ -174,6 +178,7 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig, t
         val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction, split_seed=cfg.split_seed,
         compression=None if cfg.compression == "none" else cfg.compression, size_limit=cfg.shard_size_limit_bytes,
         batch_rows=cfg.batch_rows, parent_pid=os.getpid(),
+        time_split=splits.plan_time_split(cfg, inp, units, origin) if time_split else None,
     )
 
 

@@ -15,6 +15,7 @@ BUILT_IN = {
     "tabular_mlp": "pipeline.recipes.tabular_mlp",
     "image_classifier": "pipeline.recipes.image_classifier",
     "llm_sft": "pipeline.recipes.llm_sft",
+    "two_tower": "pipeline.recipes.two_tower",
 }
 ENTRY_POINT_GROUP = "ddp_pipelines.recipes"
 

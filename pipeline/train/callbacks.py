@@ -1,14 +1,19 @@
-"""The run context for trainers that bring their own loop: Hugging Face ``Trainer`` callbacks.
+"""The run context for trainers that bring their own loop: Hugging Face ``Trainer`` and Lightning callbacks.
 
-A recipe's ``TrainSpec.run`` (or any script under the launcher) builds its ``Trainer`` with
-``output_dir=ctx.checkpoint_dir`` and ``callbacks=[huggingface_callback(ctx)]`` and resumes with
-``resume_from_checkpoint=last_huggingface_checkpoint(ctx)``: its checkpoints land where the launcher
-resumes from, its steps feed the stall watchdog's heartbeat, and rank 0's logs reach MLflow through
-the buffered sink.
+A recipe's ``TrainSpec.run`` (or any script under the launcher) hands its trainer a callback bound to the
+``RunContext``: its checkpoints land where the launcher resumes from, its steps feed the stall
+watchdog's heartbeat, and rank 0's logs reach MLflow through the buffered sink.
+
+- Hugging Face: ``Trainer(output_dir=ctx.checkpoint_dir, callbacks=[huggingface_callback(ctx)])``,
+  resumed with ``resume_from_checkpoint=last_huggingface_checkpoint(ctx)``.
+- Lightning: ``Trainer(callbacks=[lightning_callback(ctx, ...)], enable_checkpointing=False)``, resumed with
+  ``fit(..., ckpt_path=last_lightning_checkpoint(ctx))``. Checkpoints go through the job's
+  ``CheckpointStore`` (atomic, verified, pruned), with the loaders' state for a mid-epoch resume.
 """
 
 from __future__ import annotations
 
+import time
 from numbers import Number
 
 from pipeline.train.context import RunContext
@@ -48,3 +53,91 @@ def last_huggingface_checkpoint(ctx: RunContext) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
     return get_last_checkpoint(str(ctx.checkpoint_dir)) if ctx.checkpoint_dir.is_dir() else None
+
+
+def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: int):
+    """A ``lightning.pytorch.Callback`` bound to ``ctx``: heartbeats, progress lines, metrics and a
+    checkpoint every ``every_steps`` optimizer steps (and at the end of each epoch)."""
+    import pytorch_lightning as pl
+
+    class LightningRunContext(pl.Callback):
+        def __init__(self):
+            self.started = time.perf_counter()
+            self.resumed_from_step = 0
+            self.saved_step = -1
+            self._window = (time.perf_counter(), 0, 0)  # (time, step, samples) at the last progress line
+            self.samples = 0
+
+        def on_train_start(self, trainer, pl_module):
+            self.started = time.perf_counter()
+            self.resumed_from_step = trainer.global_step
+            self.saved_step = trainer.global_step
+            self._window = (time.perf_counter(), trainer.global_step, 0)
+            ctx.log(f"training with Lightning on {trainer.world_size} rank(s) ({trainer.strategy.__class__.__name__}, "
+                    f"{trainer.num_devices} per node x {trainer.num_nodes} node(s)): "
+                    f"{trainer.estimated_stepping_batches} steps"
+                    + (f"; resumed from step {trainer.global_step} (epoch {trainer.current_epoch + 1})"
+                       if trainer.global_step else ""))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            step, total = trainer.global_step, trainer.estimated_stepping_batches
+            self.samples += _batch_size(batch) * trainer.world_size
+            ctx.heartbeat.beat(step, total=total, epoch=trainer.current_epoch + 1)
+            if trainer.is_global_zero and (step % log_every_steps == 0 or step == total):
+                started, first_step, first_samples = self._window
+                elapsed = max(time.perf_counter() - started, 1e-9)
+                loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
+                rate = (self.samples - first_samples) / elapsed
+                ctx.metrics.log({"step_loss": loss, "train_samples_per_s": rate}, step=step)
+                ctx.log(f"step {step}/{total} epoch {trainer.current_epoch + 1} loss {loss:.4f} "
+                        f"{rate:,.0f} samples/s")
+                self._window = (time.perf_counter(), step, self.samples)
+            if every_steps and step % every_steps == 0 and step != self.saved_step:
+                self.save(trainer, step)
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            # After the epoch's validation: the epoch's train_* and val_* metrics are both in.
+            values = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+            if values and trainer.is_global_zero:
+                ctx.metrics.log(values | {"epoch": trainer.current_epoch + 1}, step=trainer.global_step)
+                ctx.log(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs} "
+                        + " ".join(f"{k} {v:.4f}" for k, v in sorted(values.items())))
+            if trainer.global_step != self.saved_step:
+                self.save(trainer, trainer.global_step)
+
+        def on_validation_start(self, trainer, pl_module):
+            ctx.heartbeat.beat(trainer.global_step, phase="validating", force=True)
+
+        def on_train_end(self, trainer, pl_module):
+            ctx.heartbeat.beat(trainer.global_step, phase="finished", force=True)
+
+        def summary(self) -> dict[str, float]:
+            """This attempt's training throughput, validation included (all ranks' samples)."""
+            elapsed = time.perf_counter() - self.started
+            return {"samples_per_s": round(self.samples / elapsed, 1) if elapsed > 0 else 0.0,
+                    "resumed_from_step": self.resumed_from_step}
+
+        def save(self, trainer, step: int) -> None:
+            """Rank 0 writes the trainer's whole state (model, optimizer, loops, loaders' positions)
+            as checkpoint ``step`` of the job's store; every rank waits for it."""
+            ctx.heartbeat.beat(step, phase="checkpointing", force=True)
+            if trainer.is_global_zero:
+                ctx.checkpoints.save(step, trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
+            trainer.strategy.barrier("checkpoint")
+            self.saved_step = step
+
+    return LightningRunContext()
+
+
+def last_lightning_checkpoint(ctx: RunContext) -> str | None:
+    """The newest checkpoint file a previous attempt left that reads back intact, for ``fit(ckpt_path=...)``."""
+    from pipeline.train.checkpoint import STATE_FILE
+
+    latest = ctx.checkpoints.load_latest()
+    return str(latest.path / STATE_FILE) if latest else None
+
+
+def _batch_size(batch) -> int:
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return len(batch)

@@ -40,9 +40,8 @@ def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir:
         data = TrainingData.open(datasets, ctx.out_dir / "cache")  # cache shared by the ranks of a node
         if spec.run is not None:
             started = time.perf_counter()
-            metrics = spec.run(cfg, ctx, data)
-            return ctx.finish(_base_result(ctx, data) | {"metrics": metrics,
-                                                         "train_wall_s": round(time.perf_counter() - started, 3)})
+            outcome = spec.run(cfg, ctx, data)
+            return ctx.finish(_base_result(ctx, data) | outcome | {"train_wall_s": round(time.perf_counter() - started, 3)})
         return _Loop(cfg, spec, ctx, data).run()
     finally:
         distributed.teardown(dist)

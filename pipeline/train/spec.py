@@ -44,11 +44,13 @@ class TrainSpec:
     loss: Callable[..., tuple[Any, dict[str, Any]]] | None = None
     # export(model, cfg, data, out_dir) -> {name: file}: rank 0 writes what packaging needs (no pickled classes).
     export: Callable[..., dict[str, str]] | None = None
-    # run(cfg, ctx: RunContext, data) -> metrics dict: a framework trainer's per-rank body instead of the loop.
+    # run(cfg, ctx: RunContext, data) -> result fields: a framework trainer's per-rank body instead of the loop;
+    # "metrics" (the last validation's), and on rank 0 "model_files" (what export would return) for package.
     run: Callable[..., dict[str, float]] | None = None
     # package(trained result, data) -> ModelPackage.
     package: Callable[..., ModelPackage] | None = None
-    # evaluation_inputs(data, split) -> (what the registered model takes, label indices).
+    # evaluation_inputs(data, split, cfg=run config) -> (what the registered model takes, what the evaluator
+    # scores its output against: label indices, or held-out items).
     evaluation_inputs: Callable[..., tuple[Any, Any]] | None = None
     # The evaluator: metrics with directions, scoring, the report (pipeline.evaluate.classification).
     evaluator: Any = None

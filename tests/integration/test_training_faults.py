@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from pipeline import stages
 from pipeline.errors import TrainingFailed, TrainingStalled
 from pipeline.launch.local import run_torchrun
 from pipeline.recipes import tabular_mlp
-from pipeline.train.progress import read_heartbeats
+from tests.faults import when_checkpoint
 
 pytestmark = pytest.mark.distributed
 
@@ -54,21 +53,8 @@ def reference(job, tmp_path_factory):
     return out, _train(job, out)
 
 
-def _when_checkpoint(out: Path, action, min_step: int = CHECKPOINT_EVERY) -> threading.Thread:
-    """Run ``action(heartbeats)`` as soon as a checkpoint of at least ``min_step`` exists under ``out``."""
-
-    def watch():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*")]
-            if steps and max(steps) >= min_step:
-                action(read_heartbeats(out / "progress"))
-                return
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+def _when_checkpoint(out: Path, action, min_step: int = CHECKPOINT_EVERY):
+    return when_checkpoint(out, action, min_step)
 
 
 def test_a_worker_killed_mid_epoch_is_restarted_and_resumes_to_identical_parameters(job, reference, tmp_path):

@@ -145,7 +145,7 @@ def package(trained: dict[str, Any], data: TrainingData) -> ModelPackage:
                         input_example=inputs, pip_requirements=[])
 
 
-def evaluation_inputs(data: TrainingData, split: str, limit: int | None = None):
+def evaluation_inputs(data: TrainingData, split: str, limit: int | None = None, cfg=None):
     """The split's images as PNG bytes in an ``image`` column (what a client sends) and label indices."""
     import pandas as pd
     from PIL import Image

@@ -64,7 +64,7 @@ def package(trained: dict[str, Any], data: TrainingData) -> ModelPackage:
                         input_example=feature_frame(example, prep))
 
 
-def evaluation_inputs(data: TrainingData, split: str):
+def evaluation_inputs(data: TrainingData, split: str, cfg=None):
     """The split as raw feature rows (what the registered model scores) and label indices."""
     return data.frame(split)
 

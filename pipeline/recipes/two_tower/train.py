@@ -1,0 +1,244 @@
+"""The two-tower recipe's heavy half: the Lightning body every rank runs under the pipeline's torchrun
+launcher, the catalogue's item embeddings, packaging, and the held-out interactions evaluation scores.
+
+Lightning does not start processes here: ``Trainer(strategy="ddp", devices=LOCAL_WORLD_SIZE,
+num_nodes=...)`` joins the process group the launcher's torchrun set up, and reads the data through the
+pipeline's resumable StreamingDataset loaders (its own distributed sampler off). The run context
+reaches it as one callback (``pipeline.train.callbacks.lightning_callback``): heartbeats for the stall
+watchdog, progress lines, metrics to MLflow, and checkpoints in the job's store, which a restarted rank
+or an Airflow retry resumes from, mid-epoch included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.data.reading import Encoder, TrainingData
+from pipeline.data.stats import UNKNOWN
+from pipeline.errors import ConfigError
+from pipeline.evaluate.retrieval import EVALUATOR, HeldOut
+from pipeline.recipes.two_tower.model import Tower, TwoTower, in_batch_softmax_loss
+from pipeline.train.export import NETWORK_FILE, export_network
+from pipeline.train.spec import ModelPackage, TrainSpec
+
+SERVING = Path(__file__).with_name("serving.py")
+CATALOGUE_FILE = "catalogue.npz"  # item ids and their embeddings
+USERS_FILE = "users.json"  # what the user tower reads: columns, vocabularies
+
+
+class Layout:
+    """Where each tower's inputs are among the dataset's encoded columns (``Encoder``'s ``cat``/``num``)."""
+
+    def __init__(self, cfg, preprocessing: dict[str, Any]):
+        m = cfg.model
+        categorical, numeric = preprocessing["categorical_columns"], preprocessing["numeric_columns"]
+        for field_name, column in (("model.user_id_column", m.user_id_column), ("model.item_id_column", m.item_id_column)):
+            if column not in categorical:
+                raise ConfigError(f"{field_name}={column!r} is not a categorical column of the dataset "
+                                  f"(categorical: {categorical}); list it in data.categorical_columns")
+        for field_name, columns in (("model.user_features", m.user_features), ("model.item_features", m.item_features)):
+            unknown = [c for c in columns if c not in categorical and c not in numeric]
+            if unknown:
+                raise ConfigError(f"{field_name}: {unknown} are not feature columns of the dataset; its categorical "
+                                  f"columns are {categorical} and numeric ones {numeric}")
+        self.user_id, self.item_id = categorical.index(m.user_id_column), categorical.index(m.item_id_column)
+        self.user_cat = [categorical.index(c) for c in m.user_features if c in categorical]
+        self.user_num = [numeric.index(c) for c in m.user_features if c in numeric]
+        self.item_cat = [categorical.index(c) for c in m.item_features if c in categorical]
+        self.item_num = [numeric.index(c) for c in m.item_features if c in numeric]
+
+
+def item_log_q(cfg, data: TrainingData) -> np.ndarray:
+    """log of each item's share of the training interactions, by the item vocabulary's codes (the
+    frequency with which in-batch sampling draws it); unseen codes get the rarest item's."""
+    column = cfg.model.item_id_column
+    counts = data.stats.categories[column]
+    vocab = data.preprocessing["vocab"][column]
+    freq = np.array([counts.get(v, 0) for v in vocab], dtype=np.float64)
+    freq[freq == 0] = freq[freq > 0].min() if (freq > 0).any() else 1.0
+    return np.log(freq / freq.sum()).astype(np.float32)
+
+
+class ToTensors:
+    """Decoded columns -> the towers' inputs and each row's item log-frequency (picklable: loader workers)."""
+
+    def __init__(self, cfg, preprocessing: dict[str, Any], log_q: np.ndarray):
+        self.encoder = Encoder(preprocessing, "")
+        self.layout = Layout(cfg, preprocessing)
+        self.log_q = log_q
+
+    def __call__(self, columns: dict[str, Any]) -> dict[str, torch.Tensor]:
+        num, cat, _ = self.encoder.encode_columns(columns)
+        lay = self.layout
+        items = cat[:, lay.item_id]
+        return {"user": torch.from_numpy(cat[:, lay.user_id].copy()), "user_cat": torch.from_numpy(cat[:, lay.user_cat]),
+                "user_num": torch.from_numpy(num[:, lay.user_num]), "item": torch.from_numpy(items.copy()),
+                "item_cat": torch.from_numpy(cat[:, lay.item_cat]), "item_num": torch.from_numpy(num[:, lay.item_num]),
+                "log_q": torch.from_numpy(self.log_q[items])}
+
+
+def build_model(cfg, data: TrainingData) -> TwoTower:
+    m, prep = cfg.model, data.preprocessing
+    lay = Layout(cfg, prep)
+    categorical, vocab = prep["categorical_columns"], prep["vocab"]
+
+    def tower(id_code: int, cat: list[int], num: list[int], widths: list[int]) -> Tower:
+        return Tower(ids=len(vocab[categorical[id_code]]), vocab_sizes=[len(vocab[categorical[j]]) for j in cat],
+                     numeric=len(num), mean=[prep["mean"][j] for j in num], std=[prep["std"][j] for j in num],
+                     id_dim=m.id_embedding_dim, feature_dim=m.feature_embedding_dim, widths=widths,
+                     out_dim=m.embedding_dim)
+
+    return TwoTower(tower(lay.user_id, lay.user_cat, lay.user_num, m.user_tower),
+                    tower(lay.item_id, lay.item_cat, lay.item_num, m.item_tower))
+
+
+def lightning_module(cfg, model: TwoTower):
+    import pytorch_lightning as pl
+
+    class TwoTowerModule(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def _loss(self, batch) -> torch.Tensor:
+            users, items = self.model(batch)
+            log_q = batch["log_q"] if cfg.model.logq_correction else None
+            return in_batch_softmax_loss(users, items, batch["item"], log_q, cfg.model.temperature) / len(batch["item"])
+
+        def training_step(self, batch, batch_idx):
+            loss = self._loss(batch)
+            self.log("train_loss", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=len(batch["item"]))
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", self._loss(batch), sync_dist=True, batch_size=len(batch["item"]))
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay)
+
+    return TwoTowerModule()
+
+
+def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
+    """Every rank: fit with Lightning's DDP inside the launcher's process group; rank 0 exports."""
+    import pytorch_lightning as pl
+
+    from pipeline.train.callbacks import last_lightning_checkpoint, lightning_callback
+
+    tc = cfg.train
+    torch.manual_seed(tc.seed)  # the same initial weights on every rank
+    model = build_model(cfg, data)
+    transform = ToTensors(cfg, data.preprocessing, item_log_q(cfg, data))
+    train_loader = data.loader("train", batch_size=tc.batch_size, shuffle=True, seed=tc.seed,
+                               num_workers=tc.num_workers, transform=transform)
+    val_loader = (data.loader("val", batch_size=tc.batch_size, shuffle=False, seed=tc.seed,
+                              num_workers=tc.num_workers, transform=transform) if data.rows("val") else None)
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    callback = lightning_callback(ctx, every_steps=tc.checkpoint_every_steps, log_every_steps=tc.log_every_steps)
+    trainer = pl.Trainer(
+        accelerator="gpu" if ctx.dist.device.type == "cuda" else "cpu", devices=devices,
+        num_nodes=max(1, ctx.dist.world_size // devices), strategy="ddp" if ctx.dist.enabled else "auto",
+        max_epochs=tc.epochs, use_distributed_sampler=False, callbacks=[callback], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        default_root_dir=str(ctx.out_dir), deterministic=False,
+    )
+    torch.manual_seed(tc.seed + ctx.dist.rank)
+    trainer.fit(lightning_module(cfg, model), train_dataloaders=train_loader, val_dataloaders=val_loader,
+                ckpt_path=last_lightning_checkpoint(ctx))
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    result = {"metrics": metrics, "steps": trainer.global_step, **callback.summary()}
+    items = catalogue(cfg, data)  # on every rank: opening a split is collective
+    if ctx.is_main:
+        result["model_files"] = export(model, cfg, data, ctx.out_dir, items)
+    return result
+
+
+def catalogue(cfg, data: TrainingData) -> dict[str, Any]:
+    """Every item of the training vocabulary with its features: from its newest training row."""
+    m = cfg.model
+    columns = data.read_split("train")
+    encoder, lay = Encoder(data.preprocessing, ""), Layout(cfg, data.preprocessing)
+    num, cat, _ = encoder.encode_columns(columns)
+    codes = cat[:, lay.item_id]
+    newest = np.zeros(len(data.preprocessing["vocab"][m.item_id_column]), dtype=np.int64)
+    newest[codes] = np.arange(len(codes))  # the last row of each item wins
+    keep = np.unique(codes[codes != 0])  # code 0 is the unknown item: never recommended
+    rows = newest[keep]
+    return {"ids": np.asarray(data.preprocessing["vocab"][m.item_id_column], dtype=object)[keep].astype(str),
+            "item": torch.from_numpy(keep), "item_cat": torch.from_numpy(cat[rows][:, lay.item_cat]),
+            "item_num": torch.from_numpy(num[rows][:, lay.item_num])}
+
+
+@torch.no_grad()
+def export(model: TwoTower, cfg, data: TrainingData, out_dir: Path, items: dict[str, Any]) -> dict[str, str]:
+    """The user tower as a ``torch.export`` program, the ``catalogue``'s embeddings, and the user columns."""
+    out_dir = Path(out_dir)
+    model = model.cpu().eval()
+    embeddings = torch.cat([model.item(items["item"][i:i + 4096], items["item_cat"][i:i + 4096],
+                                       items["item_num"][i:i + 4096]) for i in range(0, len(items["item"]), 4096)])
+    np.savez(out_dir / CATALOGUE_FILE, ids=items["ids"], embeddings=embeddings.numpy().astype(np.float32))
+    m, prep = cfg.model, data.preprocessing
+    lay = Layout(cfg, prep)
+    example = (torch.zeros(2, dtype=torch.long), torch.zeros(2, len(lay.user_cat), dtype=torch.long),
+               torch.zeros(2, len(lay.user_num)))
+    export_network(model.user, example, out_dir / NETWORK_FILE)
+    user_cat = [prep["categorical_columns"][j] for j in lay.user_cat]
+    (out_dir / USERS_FILE).write_text(json.dumps({
+        "id_column": m.user_id_column, "categorical_columns": user_cat,
+        "numeric_columns": [prep["numeric_columns"][j] for j in lay.user_num],
+        "vocab": {c: prep["vocab"][c] for c in [m.user_id_column, *user_cat]}, "top_k": m.top_k,
+    }, indent=2))
+    return {"network": str(out_dir / NETWORK_FILE), "catalogue": str(out_dir / CATALOGUE_FILE),
+            "users": str(out_dir / USERS_FILE)}
+
+
+def package(trained: dict[str, Any], data: TrainingData) -> ModelPackage:
+    files = trained["model_files"]
+    inputs, _ = evaluation_inputs(data, "test", limit=3, cfg=_config(trained))
+    return ModelPackage(python_model=str(SERVING), artifacts=dict(files), input_example=inputs)
+
+
+def _config(trained: dict[str, Any]):
+    from pipeline.recipes import get_recipe
+
+    out = Path(trained["out_dir"])
+    return get_recipe("two_tower").config_class.from_dict(json.loads((out / "config.json").read_text()))
+
+
+def evaluation_inputs(data: TrainingData, split: str, limit: int | None = None, *, cfg):
+    """The split's users as the rows the registered model takes (id and user features, from each
+    user's first row of the split), and what they did: their held-out items, the training split's
+    most popular items (the baseline) and the catalogue's size."""
+    import pandas as pd
+
+    m = cfg.model
+    columns = data.read_split(split)
+    users = np.asarray(columns[m.user_id_column]).astype(str)
+    items = np.asarray(columns[m.item_id_column]).astype(str)
+    order = np.unique(users, return_index=True)[1]
+    first = np.sort(order)[:limit]
+    frame = pd.DataFrame({c: np.asarray(columns[c])[first] for c in [m.user_id_column, *m.user_features]})
+    frame[m.user_id_column] = frame[m.user_id_column].astype(str)
+    relevant: dict[str, set[str]] = {}
+    for user, item in zip(users.tolist(), items.tolist()):
+        relevant.setdefault(user, set()).add(item)
+    vocab = data.preprocessing["vocab"]
+    known_users, known_items = set(vocab[m.user_id_column][1:]), set(vocab[m.item_id_column][1:])
+    counts = data.stats.categories[m.item_id_column]
+    popular = [item for item, _ in counts.most_common() if item not in ("", UNKNOWN)][:max(m.top_k, 50)]
+    held = HeldOut(
+        relevant=[relevant[u] for u in frame[m.user_id_column]], popular=popular,
+        catalogue_size=len(known_items), interactions=int(len(items)),
+        oov_users=int(sum(u not in known_users for u in relevant)),
+        oov_items=int(sum(i not in known_items for i in items.tolist())),
+    )
+    return frame, held
+
+
+SPEC = TrainSpec(run=run, package=package, evaluation_inputs=evaluation_inputs, evaluator=EVALUATOR)

@@ -1,0 +1,26 @@
+"""Fault injection at a chosen moment of a real training job."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from pipeline.train.progress import read_heartbeats
+
+
+def when_checkpoint(out: Path, action, min_step: int) -> threading.Thread:
+    """Run ``action(heartbeats)`` as soon as a checkpoint of at least ``min_step`` exists under ``out``."""
+
+    def watch():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*")]
+            if steps and max(steps) >= min_step:
+                action(read_heartbeats(out / "progress"))
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
