@@ -308,7 +308,8 @@ class StandinCluster:
 
 
 def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: int | None = None,
-              user_error: bool = False, forever: bool = False, result: dict | None = None) -> None:
+              user_error: bool = False, forever: bool = False, result: dict | None = None,
+              on_success: Callable[[dict], None] | None = None) -> None:
     """Every pod schedules and runs; node k logs ``step i`` lines, both nodes at once (a node writes its
     next line only once the other's previous one was served); then all succeed (rank 0 writes its result),
     ``fail_node`` fails (optionally reporting a user error first), or they run until deleted."""
@@ -339,6 +340,8 @@ def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: 
         cluster.end_job(job, "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
         return
     Path(env["PIPELINE_RESULT_FILE"]).write_text(json.dumps(result or {"final_loss": 0.25, "nodes": len(pods)}))
+    if on_success is not None:
+        on_success(job)
     for key in pods:
         cluster.set_pod(key, "Succeeded")
     cluster.end_job(job, "Complete", "", "")

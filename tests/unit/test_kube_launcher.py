@@ -309,3 +309,33 @@ def test_deferred_a_failed_pod_is_replaced_within_max_restarts_then_the_task_fai
         getattr(op, method)(context, event=event2, **again.value.kwargs)
     assert [j["metadata"]["name"][-3:] for j in cluster.created_jobs] == ["-r0", "-r1"]
     assert_torn_down(cluster)
+
+
+def test_deferred_task_torchrun_returns_rank_0s_return_value(cluster_for, tmp_path, monkeypatch):
+    """``@task.torchrun`` resumes in a fresh operator: it finds the function's return value in the job folder."""
+    import cloudpickle
+
+    from pipeline.launch.operator import _decorated_operator_class
+
+    def rank_0_returns(job):  # what pipeline.launch.function does in rank 0 of the pods
+        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[-4:-2] == ["-m", "pipeline.launch.function"]
+        Path(command[-1]).write_bytes(cloudpickle.dumps({"loss": 0.5}))
+
+    cluster = cluster_for(kube_standin.nodes_run, on_success=rank_0_returns)
+
+    def make():
+        return _decorated_operator_class()(
+            task_id="fit", python_callable=lambda: None, kind="kubernetes", nnodes=2, nproc_per_node=1,
+            grace_period_s=1, kubernetes={"connection_id": CONN, "deferrable": True, "volumes": [f"runs:{tmp_path}"]})
+
+    context = _context(tmp_path, monkeypatch)
+    trigger, method, kwargs = _defer(make(), context)
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    assert getattr(make(), method)(context, event=event, **kwargs) == {"loss": 0.5}
+    assert_torn_down(cluster)
