@@ -83,6 +83,12 @@ _INF = float("inf")
 _NO_HOLDOUT = (_INF, _INF)
 
 
+def _is_text(kind) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
 def _array(column):
     """One Arrow array of a table's column (tables built from arrays hold one chunk; read ones, several)."""
     return column.combine_chunks() if hasattr(column, "combine_chunks") else column
@@ -101,7 +107,7 @@ def check_time_split(cfg, schema, origin: str) -> bool:
     if cfg.time_column not in schema.names:
         raise DataError(f"{origin}: data.time_column {cfg.time_column!r} is not a column; the columns are {schema.names}")
     kind = schema.field(cfg.time_column).type
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or _is_text(kind)):
         raise DataError(f"{origin}: data.time_column {cfg.time_column!r} has type {kind}; expected numbers "
                         f"(event times such as epoch seconds)")
     if cfg.split_by == "last_per_group":
@@ -119,7 +125,7 @@ def plan_time_split(cfg, inp, units, origin: str) -> TimeSplit:
     import pyarrow as pa
 
     from pipeline.data import sources
-    from pipeline.data.validate import _text
+    from pipeline.data.validate import _text, text_to_numbers
     from pipeline.errors import DataError
 
     times, groups = [], []
@@ -127,8 +133,12 @@ def plan_time_split(cfg, inp, units, origin: str) -> TimeSplit:
         for batch in sources.read_unit(unit, inp.fmt, batch_rows=cfg.batch_rows,
                                        string_columns=[cfg.group_column] if cfg.group_column else []):
             column = _array(batch.table.column(cfg.time_column))
-            values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
-            bad = np.flatnonzero(np.isnan(values) | column.is_null().to_numpy(zero_copy_only=False))
+            if _is_text(column.type):  # CSV cells, or numbers stored as text
+                values, wrong = text_to_numbers(column.to_numpy(zero_copy_only=False))
+            else:
+                values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+                wrong = np.isnan(values)
+            bad = np.flatnonzero(wrong | np.isnan(values) | column.is_null().to_numpy(zero_copy_only=False))
             if len(bad):
                 raise DataError(f"{batch.where(int(bad[0]))}, column {cfg.time_column!r}: time is "
                                 f"{column[int(bad[0])].as_py()!r}; expected a number (data.split_by={cfg.split_by!r})")

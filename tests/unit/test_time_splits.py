@@ -62,9 +62,13 @@ def test_last_per_group_holds_out_each_users_newest_rows(tmp_path):
 
 
 def test_time_split_puts_the_newest_rows_in_test_by_global_cut_offs(tmp_path):
+    """From CSV: every cell is text there; the time column is declared numeric."""
+    import pyarrow.csv as pv
+
     path = _interactions(tmp_path / "in.parquet", rows_per_user={f"u{k}": 10 for k in range(20)})
-    manifest = prep.prepare(_cfg(path, split_by="time", val_fraction=0.1, test_fraction=0.2), name="i",
-                            out_root=tmp_path / "out")
+    pv.write_csv(pq.read_table(path), tmp_path / "in.csv")
+    manifest = prep.prepare(_cfg(tmp_path / "in.csv", split_by="time", val_fraction=0.1, test_fraction=0.2,
+                                 column_encodings=["timestamp:int64"]), name="i", out_root=tmp_path / "out")
     rows = _split_rows(manifest, tmp_path)
     newest_train = max(t for _, t in rows["train"])
     assert min(t for _, t in rows["val"]) > newest_train
@@ -89,9 +93,14 @@ def test_bad_time_split_input_fails_naming_the_file_row_and_setting(tmp_path):
     print(err.value)
     assert not (tmp_path / "out" / "i").exists() or not any((tmp_path / "out" / "i").iterdir())
 
-    pq.write_table(pa.table({"user_id": ["a"], "item_id": ["x"], "when": ["yesterday"]}), tmp_path / "text.parquet")
-    with pytest.raises(DataError, match="data.time_column 'when' has type string; expected numbers"):
+    pq.write_table(pa.table({"user_id": ["a", "b"], "item_id": ["x", "y"], "when": ["17", "yesterday"]}),
+                   tmp_path / "text.parquet")
+    with pytest.raises(DataError, match=r"text.parquet.*row 1, column 'when': time is 'yesterday'; expected a number"):
         prep.prepare(_cfg(tmp_path / "text.parquet", split_by="time", time_column="when"), name="i",
+                     out_root=tmp_path / "out")
+    pq.write_table(pa.table({"user_id": ["a"], "item_id": ["x"], "when": [b"\x00"]}), tmp_path / "bytes.parquet")
+    with pytest.raises(DataError, match="data.time_column 'when' has type binary; expected numbers"):
+        prep.prepare(_cfg(tmp_path / "bytes.parquet", split_by="time", time_column="when"), name="i",
                      out_root=tmp_path / "out")
     with pytest.raises(ConfigError, match="needs data.group_column"):
         prep.prepare(_cfg(tmp_path / "nulls.parquet", split_by="last_per_group"), name="i", out_root=tmp_path / "out")
