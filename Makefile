@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RECIPE ?= tabular_mlp
 
-.PHONY: demo test airflow venv clean
+.PHONY: demo test airflow venv clean ui stack stack-down stack-env
 
 venv: $(VENV)/.installed
 
@@ -23,6 +23,21 @@ test: venv
 # The airflow CLI on the embedded settings, e.g. make airflow ARGS="dags list" or ARGS=standalone
 airflow: venv
 	$(PY) -m pipeline.airflow_cli $(ARGS)
+
+# The embedded default with its UIs in the foreground: Airflow on 127.0.0.1:8080, MLflow on :5000; Ctrl-C stops all.
+ui: venv
+	$(PY) -m pipeline.stack ui
+
+# The deployment's topology as local processes (Celery on this machine's Redis, PostgreSQL, MLflow server).
+stack: venv
+	$(PY) -m pipeline.stack up
+
+stack-down: venv
+	$(PY) -m pipeline.stack down
+
+# Secrets for docker-compose.yml: .env beside it (mode 0600), kept when it exists.
+stack-env:
+	$(PYTHON) -m pipeline.stack.secrets .env
 
 clean:
 	rm -rf var

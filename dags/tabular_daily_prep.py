@@ -8,7 +8,6 @@ The `tabular_mlp` training DAG is scheduled on that Asset and trains on the newe
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag, task
@@ -26,7 +25,7 @@ DAILY = Asset(name=recipe.DAILY_DATASET, uri=recipe.dataset_uri(recipe.DAILY_DAT
     # Data intervals, not trigger instants: each run covers [midnight, next midnight) of one day.
     schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
     # The first day to prepare (PIPELINE_DAILY_START_DATE, an ISO date): catchup runs every day since.
-    start_date=datetime.fromisoformat(os.environ.get("PIPELINE_DAILY_START_DATE", "2026-11-01")).replace(tzinfo=timezone.utc),
+    start_date=datetime.fromisoformat(settings.daily_start_date()).replace(tzinfo=timezone.utc),
     catchup=True,  # every past day gets its version, as a backfill would
     max_active_runs=1,  # each run already converts with data.workers processes
     default_args={"retries": 2, "retry_delay": timedelta(seconds=settings.retry_delay_s())},

@@ -44,7 +44,11 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
             outlet_events[dataset].extra = windows.asset_extra(prepared)
             return prepared
 
-        @task
+        # Admission by GPUs: the training workers' queue, and as many slots of the training pool as the
+        # default config's ranks use (a deployment's `gpu` pool has one slot per GPU).
+        launch = recipe.config().launch
+        @task(queue=settings.train_queue(), pool=settings.train_pool(),
+              pool_slots=settings.train_pool_slots(launch.nproc_per_node * launch.nnodes))
         def train(prepared: dict) -> dict:
             return run_stage(stages.train, config_from_params, prepared)
 

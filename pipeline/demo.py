@@ -38,6 +38,30 @@ def run_dag(dag_id: str, conf: dict[str, Any], dag_file: Path | None = None):
     return bag.get_dag(dag_id).test(run_conf=conf)
 
 
+def ensure_demo_inputs(rows_per_day: int = 2_000) -> list[str]:
+    """Inputs a UI trigger of the tabular DAGs reads in a fresh home: the demo Parquet, and one daily
+    partition for every day from ``PIPELINE_DAILY_START_DATE`` through today (what unpausing
+    ``tabular_daily_prep`` catches up on). Days already there are kept; returns what was written."""
+    from datetime import date, timedelta
+
+    from pipeline.data import demo
+    from pipeline.recipes import get_recipe
+    from pipeline.recipes.tabular_mlp import daily_input_path
+
+    written = []
+    recipe = get_recipe("tabular_mlp")
+    if not Path(recipe.demo_input_path()).exists():
+        written.append(recipe.demo_input())
+    start, today = date.fromisoformat(settings.daily_start_date()), date.today()
+    root = Path(daily_input_path())
+    days = [str(start + timedelta(days=i)) for i in range((today - start).days + 1)]
+    missing = [day for day in days if not (root / f"dt={day}").exists()]
+    for day in missing:
+        demo.write_partitions(root, [day], rows_per_day, seed=1000 + days.index(day))
+        written.append(str(root / f"dt={day}"))
+    return written
+
+
 def migrate_airflow_db() -> None:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
 

@@ -22,6 +22,7 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
     from airflow.sdk.exceptions import AirflowFailException
 
     context = get_current_context()
+    route_mlflow_logging()
     os.environ.update(mlflow_env_from_connection(_mlflow_connection()))
     ti = context["ti"]
     run = RunInfo(
@@ -34,6 +35,23 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
     except UserError as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
+
+
+def route_mlflow_logging() -> None:
+    """MLflow's messages through Python logging at their own level (into the task log), not printed to
+    stderr (which a task log shows as ERROR); no progress bars. Holds for this process and its children
+    (the environment), and for an MLflow already imported (its logger loses its stderr handler)."""
+    import logging
+    import sys
+
+    os.environ["MLFLOW_CONFIGURE_LOGGING"] = "false"
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    if "mlflow" in sys.modules:
+        logger = logging.getLogger("mlflow")
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+        logger.setLevel(logging.INFO)
 
 
 def _mlflow_connection():

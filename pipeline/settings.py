@@ -60,16 +60,63 @@ def airflow_env(airflow_home: Path | None = None) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
-        # 64+ bytes, or Airflow signs task tokens with a short ephemeral key and warns.
-        "AIRFLOW__API_AUTH__JWT_SECRET": "embedded-default-not-for-production-" + "0" * 40,
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
     }
     env = {key: os.environ.get(key, value) for key, value in defaults.items()}
+    # 64+ bytes, or Airflow signs tokens with a short ephemeral key; one random secret per home.
+    env["AIRFLOW__API_AUTH__JWT_SECRET"] = os.environ.get("AIRFLOW__API_AUTH__JWT_SECRET") or jwt_secret(airflow_home)
     # DAG files, plugins and task processes import `pipeline` from the project root.
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(PROJECT_ROOT), *paths]))
     return env
+
+
+def daily_start_date() -> str:
+    """First day the daily preparation catches up from (``PIPELINE_DAILY_START_DATE``, ISO date)."""
+    return os.environ.get("PIPELINE_DAILY_START_DATE", "2026-11-01")
+
+
+def jwt_secret(airflow_home: Path) -> str:
+    """The secret that signs this Airflow home's API tokens: 64 random bytes (hex), made once and kept in
+    ``$AIRFLOW_HOME/jwt_secret`` (mode 0600). A fixed secret would let anyone sign an admin token."""
+    import secrets
+
+    path = Path(airflow_home) / "jwt_secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process made it first
+            pass
+        else:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_hex(64))
+    for _ in range(50):  # the process that created it may still be writing
+        value = path.read_text().strip()
+        if len(value) >= 128:
+            return value
+        import time
+
+        time.sleep(0.02)
+    raise RuntimeError(f"{path}: expected a JWT secret of 128 hex characters, found {len(value)}")
+
+
+def train_queue() -> str:
+    """Celery queue of training tasks (``PIPELINE_TRAIN_QUEUE``, default Airflow's ``default``): the GPU
+    workers of a deployment serve it."""
+    return os.environ.get("PIPELINE_TRAIN_QUEUE", "default")
+
+
+def train_pool() -> str:
+    """Airflow pool of training tasks (``PIPELINE_TRAIN_POOL``): ``gpu`` in a deployment, its slots the
+    GPUs of the training workers; the embedded default admits through ``default_pool``."""
+    return os.environ.get("PIPELINE_TRAIN_POOL", "default_pool")
+
+
+def train_pool_slots(gpus: int) -> int:
+    """Pool slots a training task takes: the GPUs it uses (``gpus``), or ``PIPELINE_TRAIN_POOL_SLOTS``."""
+    return max(1, int(os.environ.get("PIPELINE_TRAIN_POOL_SLOTS", gpus)))
 
 
 def apply_airflow_env(airflow_home: Path | None = None) -> dict[str, str]:

@@ -1,4 +1,5 @@
 """A running @task.torchrun task marked failed, then one cleared, through a real Airflow deployment.
+The DAG and helpers serve the services stack's kill test too (tests/e2e/test_stack.py).
 
 Scheduler (LocalExecutor), dag-processor and api-server run as processes on a PostgreSQL metadata
 database of their own; the test drives them through the REST API like a user in the UI would.
@@ -20,34 +21,40 @@ pytestmark = pytest.mark.e2e
 DAG_ID = "torchrun_kill"
 
 
+KILL_DAG_SOURCE = textwrap.dedent(f'''
+    from airflow.sdk import dag, task
+
+    @dag(dag_id={DAG_ID!r}, schedule=None, catchup=False)
+    def torchrun_kill():
+        @task.torchrun(nproc_per_node=2, retries=0, grace_period_s=3)
+        def sleep_long():
+            import time
+            time.sleep(600)
+
+        sleep_long()
+
+    torchrun_kill()
+''')
+
+
+def job_marker() -> str:
+    """The job's command lines carry its folder (runs/<dag>/<run>/<task>/...): that finds its processes."""
+    from pipeline import settings
+
+    return str(settings.runs_dir() / DAG_ID) + "/"
+
+
 @pytest.fixture()
 def airflow(tmp_path, monkeypatch):
     """Airflow services on a fresh PostgreSQL database, with a DAG folder holding one sleeping job."""
-    from pipeline import settings
-
-    # The job's command lines carry its folder (runs/<dag>/<run>/<task>/...): that finds its processes.
-    marker = str(settings.runs_dir() / DAG_ID) + "/"
     dags = tmp_path / "dags"
     dags.mkdir()
-    (dags / "torchrun_kill.py").write_text(textwrap.dedent(f'''
-        from airflow.sdk import dag, task
-
-        @dag(dag_id={DAG_ID!r}, schedule=None, catchup=False)
-        def torchrun_kill():
-            @task.torchrun(nproc_per_node=2, retries=0, grace_period_s=3)
-            def sleep_long():
-                import time
-                time.sleep(600)
-
-            sleep_long()
-
-        torchrun_kill()
-    '''))
+    (dags / "torchrun_kill.py").write_text(KILL_DAG_SOURCE)
     with airflow_deployment(tmp_path, dags, monkeypatch) as api:
-        yield api, marker
+        yield api, job_marker()
 
 
-def _trigger_and_wait_for_ranks(api: AirflowApiServer, marker: str) -> tuple[str, set[int]]:
+def trigger_and_wait_for_ranks(api: AirflowApiServer, marker: str) -> tuple[str, set[int]]:
     def parsed():
         try:
             return api.request("GET", f"/api/v2/dags/{DAG_ID}")
@@ -65,23 +72,23 @@ def _task_instance(api, run_id: str) -> dict:
     return api.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/sleep_long")
 
 
-def _still_alive(pids: set[int]) -> set[int]:
+def still_alive(pids: set[int]) -> set[int]:
     return {pid for pid in pids if alive(pid)}
 
 
 def test_marking_a_running_task_failed_or_clearing_it_stops_every_rank(airflow):
     api, marker = airflow
 
-    run_id, job = _trigger_and_wait_for_ranks(api, marker)
+    run_id, job = trigger_and_wait_for_ranks(api, marker)
     api.request("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/sleep_long", {"new_state": "failed"})
     marked = time.monotonic()
-    _wait(lambda: not _still_alive(job), "every process of the job to end after 'mark failed'", timeout_s=30)
+    _wait(lambda: not still_alive(job), "every process of the job to end after 'mark failed'", timeout_s=30)
     print(f"mark failed: {len(job)} processes of the job gone {time.monotonic() - marked:.1f}s later")
     assert _task_instance(api, run_id)["state"] == "failed"
 
-    run_id, job = _trigger_and_wait_for_ranks(api, marker)
+    run_id, job = trigger_and_wait_for_ranks(api, marker)
     api.request("POST", f"/api/v2/dags/{DAG_ID}/clearTaskInstances",
                 {"dag_run_id": run_id, "task_ids": ["sleep_long"], "dry_run": False, "only_failed": False})
     cleared = time.monotonic()
-    _wait(lambda: not _still_alive(job), "every process of the first try to end after 'clear'", timeout_s=30)
+    _wait(lambda: not still_alive(job), "every process of the first try to end after 'clear'", timeout_s=30)
     print(f"clear: {len(job)} processes of the first try gone {time.monotonic() - cleared:.1f}s later")

@@ -1,0 +1,290 @@
+"""The services stack (``make stack``: Airflow with the Celery executor on PostgreSQL and Redis, an MLflow
+server on PostgreSQL serving artifacts) driven through its REST API as a user or a script would.
+
+One stack serves the module (starting one takes about a minute on 2 cores); the last test stops it
+with ``make stack-down``'s code and checks that nothing of it runs or listens any more.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta, timezone
+
+import psutil
+import pytest
+
+from tests.e2e.test_airflow_kill import KILL_DAG_SOURCE, job_marker, still_alive, trigger_and_wait_for_ranks
+from tests.services import wait_for
+from tests.stack import MLFLOW_PASSWORD, make_stack, remove_stack
+
+pytestmark = pytest.mark.e2e
+
+TINY = {"epochs": 2, "batch_size": 64, "hidden_sizes": [16], "nproc_per_node": 1,
+        "overrides": {"data.shard_size_limit_bytes": 16384, "train.log_every_steps": 10}}
+TODAY = datetime.now(timezone.utc).date()
+DAYS = [str(TODAY - timedelta(days=n)) for n in (3, 2, 1)]
+
+# Training takes the `gpu` pool (1 slot here) on the `gpu` queue; its start and end land in a file.
+POOL_DAG_SOURCE = textwrap.dedent('''
+    import time
+    from pathlib import Path
+
+    from airflow.sdk import dag, task
+
+    from pipeline import settings
+
+    @dag(dag_id="gpu_pool_probe", schedule=None, catchup=False, max_active_runs=4)
+    def gpu_pool_probe():
+        def mark(what):
+            from airflow.sdk import get_current_context
+
+            run_id = get_current_context()["run_id"]
+            out = settings.home() / "gpu_pool_probe.jsonl"
+            start = time.time()
+            time.sleep(4)
+            with open(out, "a") as f:
+                f.write(f'{{"run": "{run_id}", "task": "{what}", "start": {start}, "end": {time.time()}}}\\n')
+
+        @task
+        def prepare():
+            mark("prepare")
+
+        @task(queue=settings.train_queue(), pool=settings.train_pool(), pool_slots=settings.train_pool_slots(1))
+        def train():
+            mark("train")
+
+        @task
+        def evaluate():
+            mark("evaluate")
+
+        prepare() >> train() >> evaluate()
+
+    gpu_pool_probe()
+''')
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, pipeline_home):
+    from pipeline import settings
+    from pipeline.data import demo
+    from pipeline.recipes import tabular_mlp
+
+    tmp = tmp_path_factory.mktemp("stack")
+    dags = tmp / "dags"
+    dags.mkdir()
+    for name in ("tabular_daily_prep.py", "tabular_mlp.py"):
+        (dags / name).symlink_to(settings.PROJECT_ROOT / "dags" / name)
+    (dags / "gpu_pool_probe.py").write_text(POOL_DAG_SOURCE)
+    (dags / "torchrun_kill.py").write_text(KILL_DAG_SOURCE)
+    demo.write_parquet(tmp / "inputs" / "demo.parquet", 3_000, seed=3)
+    demo.write_partitions(tabular_mlp.daily_input_path(), DAYS, 400, seed=21)
+    stack = make_stack(tmp / "home", dags, {
+        "PIPELINE_DAILY_START_DATE": DAYS[0],
+        "PIPELINE_RETRY_DELAY_S": "1",
+        "PIPELINE_TRAIN_POOL_SLOTS": "1",  # one slot a training: the pool of 1 admits one at a time
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "1",
+    })
+    try:
+        stack.up()
+        client = stack.client()
+        wait_for(lambda: _dag_ids(client) >= {"tabular_mlp", "tabular_daily_prep", "gpu_pool_probe", "torchrun_kill"},
+                 "the dag-processor to parse the stack's DAGs", timeout_s=180, poll_s=1)
+        stack.demo_parquet = tmp / "inputs" / "demo.parquet"
+        stack.probe_path = pipeline_home / "gpu_pool_probe.jsonl"  # settings.home() of the tasks
+        yield stack
+    finally:
+        remove_stack(stack)
+
+
+def _dag_ids(client) -> set[str]:
+    return {d["dag_id"] for d in client.request("GET", "/api/v2/dags?limit=100")["dags"]}
+
+
+def _run_state(client, dag_id: str, run_id: str) -> str:
+    return client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+
+
+def _wait_run(client, dag_id: str, run_id: str, timeout_s: float = 300) -> str:
+    state = wait_for(lambda: (lambda s: s if s in ("success", "failed") else None)(_run_state(client, dag_id, run_id)),
+                     f"{dag_id} run {run_id} to finish", timeout_s=timeout_s, poll_s=1)
+    return state
+
+
+def _xcom(client, dag_id: str, run_id: str, task_id: str):
+    return client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                                 f"/xcomEntries/return_value")["value"]
+
+
+def _unpause(client, dag_id: str) -> None:
+    client.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+
+def test_api_needs_a_token_and_every_process_listens_on_loopback_only(stack):
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{stack.airflow_url}/api/v2/dags", timeout=30)
+    assert refused.value.code == 401
+    # A token signed with this stack's secret is accepted; one signed with the old fixed secret is not.
+    def get_dags(secret):
+        req = urllib.request.Request(f"{stack.airflow_url}/api/v2/dags", headers={"Authorization": "Bearer " + _token(secret)})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert get_dags(stack.secrets()["AIRFLOW_JWT_SECRET"]) == 200
+    assert get_dags("embedded-default-not-for-production-" + "0" * 40) in (401, 403)
+
+    state = stack.state()
+    pids = {pid for root in state["pids"].values() for pid in [root, *[c.pid for c in psutil.Process(root).children(recursive=True)]]}
+    listening = [(c.laddr.ip, c.laddr.port, c.pid) for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    assert {port for _, port, _ in listening} >= {stack.airflow_port, stack.mlflow_port}
+    assert all(ip == "127.0.0.1" for ip, _, _ in listening), listening
+
+
+def _token(secret: str) -> str:
+    import jwt
+
+    now = datetime.now(timezone.utc)
+    claims = {"sub": "admin", "role": "ADMIN", "aud": "apache-airflow", "iat": now, "nbf": now, "exp": now + timedelta(hours=1)}
+    return jwt.encode(claims, secret, algorithm="HS512")
+
+
+def test_rest_trigger_with_conf_runs_to_success_and_registers_on_the_mlflow_server(stack):
+    import mlflow
+    from mlflow import MlflowClient
+
+    client = stack.client()
+    _unpause(client, "tabular_mlp")
+    model = "stack_rest_model"
+    conf = {"input_path": str(stack.demo_parquet), **TINY, "model_name": model,
+            "overrides": {**TINY["overrides"], "registry.experiment": model}}
+    run = client.request("POST", "/api/v2/dags/tabular_mlp/dagRuns", {"logical_date": None, "conf": conf})
+    assert run["conf"]["model_name"] == model
+    assert _wait_run(client, "tabular_mlp", run["dag_run_id"]) == "success"
+
+    tis = {ti["task_id"]: ti for ti in client.request(
+        "GET", f"/api/v2/dags/tabular_mlp/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]}
+    assert (tis["train"]["queue"], tis["train"]["pool"]) == ("gpu", "gpu")
+    assert (tis["prepare_data"]["queue"], tis["prepare_data"]["pool"]) == ("default", "default_pool")
+    summary = _xcom(client, "tabular_mlp", run["dag_run_id"], "promote")
+    assert summary["model"]["name"] == model and summary["promoted"]
+
+    # The version is on the server, and its artifacts come back through the server.
+    mlflow_client = MlflowClient(tracking_uri=stack.mlflow_url, registry_uri=stack.mlflow_url)
+    version = mlflow_client.get_model_version(model, summary["model"]["version"])
+    assert version.run_id == _xcom(client, "tabular_mlp", run["dag_run_id"], "train")["mlflow_run_id"]
+    assert mlflow_client.get_registered_model(model).aliases.get("champion") == version.version
+    run_info = mlflow_client.get_run(version.run_id).info
+    assert run_info.artifact_uri.startswith("mlflow-artifacts:")  # proxied by the server, not a local path
+    mlflow.set_tracking_uri(stack.mlflow_url)
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=f"runs:/{version.run_id}/evaluation/report.html",
+                                                    tracking_uri=stack.mlflow_url)
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert "<html" in open(local).read().lower()
+    assert (stack.home / "mlflow-artifacts").is_dir()
+
+    # Task logs: MLflow's own lines at their level, never the connection's password.
+    logs = list((stack.airflow_home / "logs").rglob(f"run_id={run['dag_run_id']}/**/*.log"))
+    assert {p.parent.name for p in logs} >= {"task_id=train", "task_id=register_model"}
+    for path in logs:
+        for line in path.read_text().splitlines():
+            assert MLFLOW_PASSWORD not in line, path
+            record = json.loads(line)
+            if record.get("logger") == "task.stderr":
+                assert " INFO mlflow" not in record["event"] and "Downloading artifacts" not in record["event"], line
+
+
+def test_backfill_of_three_days_prepares_three_versions_and_trains_on_the_newest(stack):
+    client = stack.client()
+    _unpause(client, "tabular_mlp")
+    _unpause(client, "tabular_daily_prep")
+    body = {"dag_id": "tabular_daily_prep", "from_date": f"{DAYS[0]}T00:00:00Z", "to_date": f"{DAYS[-1]}T00:00:00Z",
+            "max_active_runs": 3, "reprocess_behavior": "none", "run_backwards": False, "dag_run_conf": {}}
+    backfill = client.request("POST", "/api/v2/backfills", body)
+
+    def prep_runs():
+        runs = client.request("GET", "/api/v2/dags/tabular_daily_prep/dagRuns?limit=50")["dag_runs"]
+        done = [r for r in runs if r["state"] in ("success", "failed")]
+        return sorted(done, key=lambda r: r["logical_date"]) if len(done) >= 3 and len(done) == len(runs) else None
+
+    runs = wait_for(prep_runs, "the backfill's 3 runs to finish", timeout_s=300, poll_s=1)
+    assert [r["state"] for r in runs] == ["success"] * 3, runs
+    assert all(r["run_type"] in ("backfill", "scheduled") for r in runs)
+    versions = [_xcom(client, "tabular_daily_prep", r["dag_run_id"], "prepare_data") for r in runs]
+    assert [v["interval"]["start"][:10] for v in versions] == DAYS
+    assert len({v["version"] for v in versions}) == 3 and not any(v["skipped"] for v in versions)
+    events = client.request("GET", "/api/v2/assets/events?limit=50&source_dag_id=tabular_daily_prep")["asset_events"]
+    assert sorted(e["extra"]["version"] for e in events) == sorted(v["version"] for v in versions)
+
+    # The runs these events trigger end with one that trained on the window ending at the newest day.
+    def trained_on_newest():
+        mlp = client.request("GET", "/api/v2/dags/tabular_mlp/dagRuns?limit=50&run_type=asset_triggered")["dag_runs"]
+        assert not [r for r in mlp if r["state"] == "failed"], mlp
+        for r in mlp:
+            if r["state"] == "success":
+                prepared = _xcom(client, "tabular_mlp", r["dag_run_id"], "prepare_data")
+                if prepared["versions"][-1] == versions[-1]["version"]:
+                    return prepared
+        return None
+
+    prepared = wait_for(trained_on_newest, "an asset-triggered tabular_mlp run on the newest day", timeout_s=420, poll_s=2)
+    assert prepared["interval"]["end"][:10] == str(TODAY)
+
+    # The same backfill again (every day reprocessed): each day's input is unchanged, nothing is prepared.
+    again = client.request("POST", "/api/v2/backfills", {**body, "reprocess_behavior": "completed"})
+    assert again["id"] != backfill["id"]
+
+    wait_for(lambda: _backfill_done(client, again["id"]), "the repeated backfill to finish", timeout_s=300, poll_s=1)
+    for day_run in client.request("GET", "/api/v2/dags/tabular_daily_prep/dagRuns?limit=50")["dag_runs"]:
+        assert day_run["state"] == "success", day_run
+        result = _xcom(client, "tabular_daily_prep", day_run["dag_run_id"], "prepare_data")
+        assert result["skipped"] and result["version"] in {v["version"] for v in versions}
+
+
+def _backfill_done(client, backfill_id) -> bool:
+    backfill = client.request("GET", f"/api/v2/backfills/{backfill_id}")
+    return backfill.get("completed_at") is not None
+
+
+def test_gpu_pool_of_one_slot_runs_one_training_at_a_time_while_other_tasks_overlap(stack):
+    client = stack.client()
+    assert client.request("GET", "/api/v2/pools/gpu")["slots"] == 1
+    _unpause(client, "gpu_pool_probe")
+    runs = [client.request("POST", "/api/v2/dags/gpu_pool_probe/dagRuns", {"logical_date": None})["dag_run_id"]
+            for _ in range(2)]
+    for run_id in runs:
+        assert _wait_run(client, "gpu_pool_probe", run_id, timeout_s=240) == "success"
+    marks = [json.loads(line) for line in (stack.probe_path).read_text().splitlines()]
+    by = {(m["run"], m["task"]): m for m in marks if m["run"] in runs}
+    a, b = (by[(run, "train")] for run in runs)
+    assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)  # never two trainings at once
+    p, q = (by[(run, "prepare")] for run in runs)
+    assert p["start"] < q["end"] and q["start"] < p["end"], (p, q)  # preparation runs side by side
+
+
+def test_a_task_marked_failed_through_the_api_leaves_no_training_process(stack):
+    client = stack.client()
+    _unpause(client, "torchrun_kill")
+    run_id, job = trigger_and_wait_for_ranks(client, job_marker())
+    client.request("PATCH", f"/api/v2/dags/torchrun_kill/dagRuns/{run_id}/taskInstances/sleep_long", {"new_state": "failed"})
+    wait_for(lambda: not still_alive(job), "every process of the job to end after 'mark failed'", timeout_s=60)
+    assert client.request("GET", f"/api/v2/dags/torchrun_kill/dagRuns/{run_id}/taskInstances/sleep_long")["state"] == "failed"
+
+
+def test_stack_down_leaves_no_process_and_no_port(stack):
+    from pipeline.processes import alive
+
+    state = stack.state()
+    pids = {pid for root in state["pids"].values() for pid in [root, *[c.pid for c in psutil.Process(root).children(recursive=True)]]}
+    stack.down()
+    assert not [pid for pid in pids if alive(pid)]
+    bound = {c.laddr.port for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    assert not bound & {stack.airflow_port, stack.mlflow_port}
+    assert stack.state() is None
