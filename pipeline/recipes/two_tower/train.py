@@ -131,6 +131,7 @@ def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
 
     from pipeline.train.callbacks import last_lightning_checkpoint, lightning_callback
 
+    _quiet_lightning()
     tc = cfg.train
     torch.manual_seed(tc.seed)  # the same initial weights on every rank
     model = build_model(cfg, data)
@@ -157,6 +158,18 @@ def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
     if ctx.is_main:
         result["model_files"] = export(model, cfg, data, ctx.out_dir, items)
     return result
+
+
+def _quiet_lightning() -> None:
+    """Keep Lightning's advertisements and warnings that do not apply here out of the task log: the
+    loaders are StreamingDataset's (their length is right per rank), and the logging is the run context's."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(
+        lambda record: not str(record.msg).startswith("💡"))
 
 
 def catalogue(cfg, data: TrainingData) -> dict[str, Any]:
