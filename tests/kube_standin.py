@@ -270,7 +270,7 @@ class StandinCluster:
             def _stream_log(self, key: str, query: dict) -> None:
                 with cluster.lock:
                     cluster.requests.append(("get", "pods/log"))
-                    if key not in cluster.pods:
+                    if key not in cluster.pods or key not in cluster.logs:
                         return self._send(404, _status(404, "NotFound", f"pod {key} not found"))
                     cluster.open_streams += 1
                     cluster.max_open_streams = max(cluster.max_open_streams, cluster.open_streams)
@@ -309,7 +309,8 @@ class StandinCluster:
 
 def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: int | None = None,
               user_error: bool = False, forever: bool = False, result: dict | None = None,
-              on_success: Callable[[dict], None] | None = None) -> None:
+              on_success: Callable[[dict], None] | None = None, stalled: bool = False,
+              autoscaled_away: bool = False) -> None:
     """Every pod schedules and runs; node k logs ``step i`` lines, both nodes at once (a node writes its
     next line only once the other's previous one was served); then all succeed (rank 0 writes its result),
     ``fail_node`` fails (optionally reporting a user error first), or they run until deleted."""
@@ -317,8 +318,17 @@ def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: 
     time.sleep(0.2)
     for key in pods:
         cluster.set_pod(key, "Running")
-    cluster.wait_for(lambda: cluster.open_streams >= len(pods) or not cluster.alive(job), 20)
+    if autoscaled_away:  # pod 1's node is scaled down as it finishes: the pod was listed, its log is gone
+        with cluster.lock:
+            cluster.logs.pop(pods[1], None)
+    else:
+        cluster.wait_for(lambda: cluster.open_streams >= len(pods) or not cluster.alive(job), 20)
     env = cluster.pod_env(job)
+    if stalled:  # rank 0 reports step 5 once, then no step completes
+        progress = Path(env["PIPELINE_PROGRESS_DIR"])
+        progress.mkdir(parents=True, exist_ok=True)
+        (progress / "rank-0.json").write_text(json.dumps({"rank": 0, "pid": 1, "step": 5, "total": 100, "epoch": 0,
+                                                          "phase": "training", "time": time.time()}))
     step = 0
     while cluster.alive(job) and (forever or step < lines):
         for node, key in enumerate(pods):

@@ -144,6 +144,42 @@ def test_the_run_timeout_stops_the_job(cluster_for, tmp_path):
     assert_torn_down(cluster)
 
 
+def test_a_stall_stops_the_job_as_a_retryable_failure(cluster_for, tmp_path):
+    from pipeline.errors import TrainingStalled
+
+    cluster = cluster_for(kube_standin.nodes_run, forever=True, stalled=True)
+    with pytest.raises(TrainingStalled, match=r"no step completed .* rank 0: step 5/100"):
+        Job(make_spec(tmp_path, stall_timeout_s=1, max_restarts=2)).run(lambda line: None)
+    assert len(cluster.created_jobs) == 1  # a stall is not restarted: the task retry decides
+    assert_torn_down(cluster)
+
+
+def test_a_pod_removed_after_it_succeeded_does_not_fail_the_task(cluster_for, tmp_path):
+    """The autoscaler may delete a finished pod before its log is read: the Job's own status decides."""
+    cluster = cluster_for(kube_standin.nodes_run, lines=3, autoscaled_away=True)
+    lines: list[str] = []
+    assert Job(make_spec(tmp_path)).run(lines.append) == {"final_loss": 0.25, "nodes": 2}
+    assert any(line.startswith("[node 1] (log stream of") and "(404)" in line for line in lines), lines
+    assert "[node 0] [rank 0] step 2" in lines
+    assert_torn_down(cluster)
+
+
+def test_a_job_left_by_a_dead_worker_of_the_same_attempt_is_replaced(cluster_for, tmp_path):
+    from kubernetes import client as k8s
+
+    from pipeline.launch.kube import Cluster, api_client, manifests_for
+
+    cluster = cluster_for(kube_standin.nodes_run)
+    spec = make_spec(tmp_path)
+    leftover = manifests_for(spec, 0)
+    Cluster(api_client(CONN)).create(leftover)  # its pods run: the scenario plays them
+    assert Job(spec).run(lambda line: None)["nodes"] == 2
+    assert [j["metadata"]["name"] for j in cluster.created_jobs] == [leftover.name] * 2
+    assert cluster.deletions[0]["name"] == leftover.name  # the leftover went first
+    assert isinstance(leftover.job, k8s.V1Job)
+    assert_torn_down(cluster)
+
+
 def test_stop_from_another_thread_deletes_the_job_its_pods_and_the_service(cluster_for, tmp_path):
     """What on_kill does when the task is cleared, marked failed or times out while running on a worker."""
     cluster = cluster_for(kube_standin.nodes_run, forever=True)
