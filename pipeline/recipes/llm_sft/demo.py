@@ -51,3 +51,23 @@ def write_addition(path: Path, *, rows: int | None = None, seed: int = 0) -> Pat
     tmp.write_text("".join(json.dumps(r) + "\n" for r in data))
     tmp.replace(path)
     return path
+
+
+def write_tiny_checkpoint(tokenizer_dir: Path, out_dir: Path, *, hidden_size: int = 32, num_layers: int = 1,
+                          seed: int = 0) -> Path:
+    """A tiny, untrained Llama-style checkpoint with ``tokenizer_dir``'s tokenizer in ``out_dir``: a local
+    ``model.pretrained_path`` (or a script's ``--model``) where no hub can be reached."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True))
+    out_dir = Path(out_dir)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
