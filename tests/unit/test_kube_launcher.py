@@ -375,3 +375,29 @@ def test_deferred_task_torchrun_returns_rank_0s_return_value(cluster_for, tmp_pa
     event = asyncio.run(first_event())
     assert getattr(make(), method)(context, event=event, **kwargs) == {"loss": 0.5}
     assert_torn_down(cluster)
+
+
+@pytest.mark.parametrize("scenario, expected", [
+    (functools.partial(kube_standin.nodes_run, fail_node=1, user_error=True), "DataError: shard 3, row 17"),
+    (kube_standin.unschedulable, "unschedulable: 0/4 nodes are available"),
+], ids=["user-error", "unschedulable"])
+def test_deferred_failures_are_classified_as_on_a_worker(cluster_for, tmp_path, monkeypatch, scenario, expected):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    cluster = cluster_for(scenario)
+    op = _operator(tmp_path, max_restarts=2)
+    op.launch = launch_config({**dataclasses.asdict(op.launch), "kubernetes": {
+        **dataclasses.asdict(op.launch.kubernetes), "schedule_timeout_s": 1.5}})
+    context = _context(tmp_path, monkeypatch)
+    trigger, method, kwargs = _defer(op, context)
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    error = AirflowFailException if "DataError" in expected else PodsNotRunning
+    with pytest.raises(error, match=expected):  # a user error: no retry; pods not running: retryable
+        getattr(op, method)(context, event=event, **kwargs)
+    assert len(cluster.created_jobs) == 1  # neither is replaced within max_restarts
+    assert_torn_down(cluster)
