@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -24,3 +26,13 @@ def when_checkpoint(out: Path, action, min_step: int) -> threading.Thread:
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
+
+
+def sigkill_rank(rank: int, killed: dict):
+    """An action for ``when_checkpoint``: SIGKILL ``rank``'s process, its pid noted in ``killed``."""
+
+    def kill(beats) -> None:
+        killed["pid"] = beats[rank]["pid"]
+        os.kill(beats[rank]["pid"], signal.SIGKILL)
+
+    return kill

@@ -4,8 +4,6 @@ with a rank killed mid-epoch: the run context's checkpoints are where torchrun's
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from pipeline import stages
 from pipeline.launch.local import run_torchrun
 from pipeline.recipes import get_recipe
-from tests.faults import when_checkpoint
+from tests.faults import sigkill_rank, when_checkpoint
 
 pytestmark = pytest.mark.distributed
 
@@ -55,14 +53,9 @@ def test_lightning_trains_under_torchrun_and_a_killed_rank_resumes_mid_epoch(job
     assert set(reference["model_files"]) == {"network", "catalogue", "users"}
 
     out = tmp_path / "killed"
-    killed = {}
-
-    def kill_rank_1(beats):
-        killed["pid"] = beats[1]["pid"]
-        os.kill(beats[1]["pid"], signal.SIGKILL)
-
+    killed: dict = {}
     lines: list[str] = []
-    watcher = when_checkpoint(out, kill_rank_1, CHECKPOINT_EVERY)
+    watcher = when_checkpoint(out, sigkill_rank(1, killed), CHECKPOINT_EVERY)
     result = _train(job, out, lines, max_restarts=1)
     watcher.join(timeout=5)
     assert killed, "the rank was never killed"

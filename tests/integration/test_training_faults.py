@@ -14,7 +14,7 @@ from pipeline import stages
 from pipeline.errors import TrainingFailed, TrainingStalled
 from pipeline.launch.local import run_torchrun
 from pipeline.recipes import tabular_mlp
-from tests.faults import when_checkpoint
+from tests.faults import sigkill_rank, when_checkpoint
 
 pytestmark = pytest.mark.distributed
 
@@ -60,14 +60,9 @@ def _when_checkpoint(out: Path, action, min_step: int = CHECKPOINT_EVERY):
 def test_a_worker_killed_mid_epoch_is_restarted_and_resumes_to_identical_parameters(job, reference, tmp_path):
     _, expected = reference
     out = tmp_path / "out"
-    killed = {}
-
-    def kill_rank_1(beats):
-        killed["pid"] = beats[1]["pid"]
-        os.kill(beats[1]["pid"], signal.SIGKILL)
-
+    killed: dict = {}
     lines: list[str] = []
-    watcher = _when_checkpoint(out, kill_rank_1)
+    watcher = _when_checkpoint(out, sigkill_rank(1, killed))
     result = _train(job, out, lines, max_restarts=1)
     watcher.join(timeout=5)
     assert killed, "the worker was never killed"
