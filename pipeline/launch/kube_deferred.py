@@ -31,7 +31,12 @@ def start(operator, spec: JobSpec, *, restart: int, started: float) -> None:
     m = manifests_for(spec, restart)
     operator.log.info("creating Job %s/%s: %d pod(s) x %d rank(s), image %s; waiting in the triggerer",
                       m.namespace, m.name, spec.launch.nnodes, spec.launch.nproc_per_node, kube.image)
-    Cluster(api_client(kube.connection_id)).create(m)
+    cluster = Cluster(api_client(kube.connection_id))
+    try:
+        cluster.create(m)
+    except BaseException:
+        cluster.delete(m, int(spec.launch.grace_period_s))  # the Service may exist without its Job
+        raise
     operator.defer(
         trigger=TorchrunPodsTrigger(connection_id=kube.connection_id, namespace=m.namespace, name=m.name,
                                     nnodes=spec.launch.nnodes, schedule_timeout_s=kube.schedule_timeout_s,
