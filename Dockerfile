@@ -34,6 +34,7 @@ COPY pyproject.toml ./
 COPY pipeline ./pipeline
 COPY dags ./dags
 COPY plugins ./plugins
+COPY examples ./examples
 RUN pip install --no-deps -e . && python -c "import pipeline.launch.kube, torch, airflow.sdk"
 
 # A non-root user (Airflow's default UID); group 0 may write where the pipeline writes, so the image
