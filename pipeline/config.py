@@ -175,7 +175,7 @@ class LaunchConfig:
         "local", "Launcher: local runs torchrun as processes of this worker; kubernetes runs one pod per node "
         "(launch.kubernetes.*).", choices=["local", "kubernetes"],
     )
-    nnodes: int = config_field(1, "Nodes (machines) of the job; more than one needs rdzv_endpoint.", min=1, max=1024)
+    nnodes: int = config_field(1, "Nodes (machines) of the job; with the local launcher, more than one needs rdzv_endpoint.", min=1, max=1024)
     nproc_per_node: int = config_field(2, "Training processes (ranks) on each node.", min=1, max=64)
     node_rank: int = config_field(0, "This node's rank when the local launcher joins a multi-node job.", min=0)
     rdzv_endpoint: str = config_field("", "HOST:PORT of the c10d rendezvous of a multi-node job; empty for one node.")
