@@ -31,7 +31,9 @@ GENERATED = {
 def env_text(uid: int | None = None) -> str:
     lines = ["# Secrets of this deployment (make stack-env). Keep private; never commit."]
     lines += [f"{name}={make()}" for name, make in GENERATED.items()]
-    lines.append(f"AIRFLOW_UID={os.getuid() if uid is None else uid}")
+    # Files on the volumes belong to this user: the caller's, but never root (then the image's user).
+    uid = os.getuid() if uid is None else uid
+    lines.append(f"AIRFLOW_UID={uid or 50000}")
     return "\n".join(lines) + "\n"
 
 

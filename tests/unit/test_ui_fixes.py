@@ -1,0 +1,79 @@
+"""What a new user hit with the embedded UI: a fixed JWT secret, MLflow's INFO lines logged as errors,
+a fresh home without the demo inputs, a backfill of a paused DAG waiting in silence."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from datetime import date, timedelta
+
+from pipeline import airflow_cli, settings
+
+
+def test_jwt_secret_is_random_per_airflow_home_private_and_kept(tmp_path, monkeypatch):
+    monkeypatch.delenv("AIRFLOW__API_AUTH__JWT_SECRET", raising=False)
+    monkeypatch.delenv("AIRFLOW_HOME", raising=False)
+    first = settings.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"]
+    assert len(first.encode()) >= 64 and "0" * 40 not in first
+    path = tmp_path / "one" / "jwt_secret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert settings.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"] == first  # kept
+    assert settings.airflow_env(tmp_path / "two")["AIRFLOW__API_AUTH__JWT_SECRET"] != first
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "x" * 80)
+    assert settings.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"] == "x" * 80
+
+
+def test_mlflow_lines_reach_the_task_log_at_their_level_not_as_stderr():
+    """MLflow configures its logger at import to print to stderr, which Airflow logs as ERROR lines."""
+    code = (
+        "import logging, sys\n"
+        "import mlflow\n"
+        "records = []\n"
+        "class Keep(logging.Handler):\n"
+        "    def emit(self, record): records.append((record.levelname, record.name))\n"
+        "if sys.argv[1] == 'routed':\n"
+        "    from pipeline.orchestration import route_mlflow_logging\n"
+        "    route_mlflow_logging()\n"
+        "logging.getLogger().addHandler(Keep()); logging.getLogger().setLevel(logging.DEBUG)\n"
+        "logging.getLogger('mlflow.pyfunc').info('Validating input example against model signature')\n"
+        "print([r for r in records if r[1].startswith('mlflow')])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)}
+    env.pop("MLFLOW_CONFIGURE_LOGGING", None)
+    plain = subprocess.run([sys.executable, "-c", code, "plain"], capture_output=True, text=True, env=env, timeout=120)
+    assert "INFO mlflow.pyfunc: Validating input example" in plain.stderr  # what a task log showed as ERROR
+    routed = subprocess.run([sys.executable, "-c", code, "routed"], capture_output=True, text=True, env=env, timeout=120)
+    assert routed.returncode == 0, routed.stderr
+    assert "Validating input example" not in routed.stderr
+    assert "[('INFO', 'mlflow.pyfunc')]" in routed.stdout
+
+
+def test_demo_inputs_cover_the_daily_catch_up_and_are_written_once(tmp_path, monkeypatch):
+    from pipeline.demo import ensure_demo_inputs
+    from pipeline.recipes import get_recipe
+
+    monkeypatch.setenv("PIPELINE_DATA_DIR", str(tmp_path / "data"))
+    start = date.today() - timedelta(days=3)
+    monkeypatch.setenv("PIPELINE_DAILY_START_DATE", str(start))
+    written = ensure_demo_inputs(rows_per_day=50)
+    days = sorted(p.name for p in (tmp_path / "data" / "raw" / "tabular_daily").iterdir())
+    assert days == [f"dt={start + timedelta(days=i)}" for i in range(4)]  # start through today
+    assert get_recipe("tabular_mlp").demo_input_path() in written
+    assert ensure_demo_inputs(rows_per_day=50) == []
+
+
+def test_backfill_of_a_paused_dag_warns_and_names_the_catch_up(monkeypatch):
+    monkeypatch.setattr(airflow_cli, "is_paused", lambda dag_id: dag_id == "tabular_daily_prep")
+    monkeypatch.setenv("PIPELINE_DAILY_START_DATE", "2026-11-01")
+    warning = airflow_cli.paused_backfill_warning(
+        ["backfill", "create", "--dag-id", "tabular_daily_prep", "--from-date", "2026-11-20", "--to-date", "2026-11-22"])
+    assert "tabular_daily_prep is paused" in warning and "dags unpause tabular_daily_prep" in warning
+    assert "PIPELINE_DAILY_START_DATE=2026-11-01" in warning
+    assert airflow_cli.paused_backfill_warning(["backfill", "create", "--dag-id=tabular_mlp"]) is None
+    assert airflow_cli.paused_backfill_warning(["dags", "list"]) is None
+
+
+def test_a_dag_the_metadata_db_does_not_know_is_not_paused(airflow_db):
+    assert airflow_cli.is_paused("no_such_dag") is False
