@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 1.0
 GONE_TIMEOUT_S = 120.0
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 class PodsNotRunning(TrainingFailed):
@@ -317,7 +318,9 @@ def client_settings(client) -> dict[str, Any]:
 
     return {"host": conf.host, "api_key": dict(conf.api_key), "api_key_prefix": dict(conf.api_key_prefix),
             "verify_ssl": conf.verify_ssl, "ssl_ca_cert": content(conf.ssl_ca_cert), "cert_file": content(conf.cert_file),
-            "key_file": content(conf.key_file)}
+            "key_file": content(conf.key_file),
+            # In a pod the service account's token rotates: the guard reads the file when it acts.
+            "token_file": SERVICE_ACCOUNT_TOKEN if os.path.exists(SERVICE_ACCOUNT_TOKEN) else None}
 
 
 def start_guard(cluster: Cluster, m: Manifests) -> subprocess.Popen | None:

@@ -23,6 +23,10 @@ def client_from(settings: dict):
     conf.api_key = settings.get("api_key") or {}
     conf.api_key_prefix = settings.get("api_key_prefix") or {}
     conf.verify_ssl = settings.get("verify_ssl", True)
+    token_file = settings.get("token_file")
+    if token_file and os.path.exists(token_file) and "BearerToken" in conf.api_key:
+        with open(token_file) as fh:
+            conf.api_key["BearerToken"] = "Bearer " + fh.read().strip()
     for name in ("ssl_ca_cert", "cert_file", "key_file"):
         if settings.get(name):
             fd, path = tempfile.mkstemp(prefix="kube-guard-")
