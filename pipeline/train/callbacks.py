@@ -68,7 +68,11 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             self._window = (time.perf_counter(), 0, 0)  # (time, step, samples) at the last progress line
             self.samples = 0
 
+        def setup(self, trainer, pl_module, stage):
+            ctx.heartbeat.beat(trainer.global_step, phase="setting up", force=True)
+
         def on_train_start(self, trainer, pl_module):
+            ctx.heartbeat.beat(trainer.global_step, phase="starting", force=True)
             self.started = time.perf_counter()
             self.resumed_from_step = trainer.global_step
             self.saved_step = trainer.global_step

@@ -66,3 +66,27 @@ def test_lightning_trains_under_torchrun_and_a_killed_rank_resumes_mid_epoch(job
     assert result["steps"] == reference["steps"]  # the restored loader skipped what was already trained on
     # Same data order, same optimizer state, no randomness in the step: the same model at the end.
     assert result["metrics"]["val_loss"] == pytest.approx(reference["metrics"]["val_loss"], rel=1e-4)
+
+
+def test_a_frozen_lightning_rank_is_detected_by_the_stall_watchdog(job, tmp_path):
+    """The Lightning callback's heartbeats are what the launcher's watchdog reads: a rank that stops
+    making steps (SIGSTOP, like a deadlock) fails the attempt as a retryable stall."""
+    import os
+    import signal
+
+    from pipeline.errors import TrainingFailed, TrainingStalled
+
+    out = tmp_path / "frozen"
+    frozen: dict = {}
+
+    def freeze_rank_1(beats):
+        frozen["pid"] = beats[1]["pid"]
+        os.kill(beats[1]["pid"], signal.SIGSTOP)
+
+    watcher = when_checkpoint(out, freeze_rank_1, CHECKPOINT_EVERY)
+    with pytest.raises(TrainingStalled) as err:
+        _train(job, out, [], stall_timeout_s=5)
+    watcher.join(timeout=5)
+    assert frozen, "the rank was never frozen"
+    assert "training stalled: no step completed" in str(err.value) and "rank 1: step" in str(err.value)
+    assert isinstance(err.value, TrainingFailed)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytorch_lightning as pl  # here, not in run(): imported before the job's first heartbeat
 import torch
 
 from pipeline.data.reading import Encoder, TrainingData
@@ -99,8 +100,6 @@ def build_model(cfg, data: TrainingData) -> TwoTower:
 
 
 def lightning_module(cfg, model: TwoTower):
-    import pytorch_lightning as pl
-
     class TwoTowerModule(pl.LightningModule):
         def __init__(self):
             super().__init__()
@@ -127,8 +126,6 @@ def lightning_module(cfg, model: TwoTower):
 
 def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
     """Every rank: fit with Lightning's DDP inside the launcher's process group; rank 0 exports."""
-    import pytorch_lightning as pl
-
     from pipeline.train.callbacks import last_lightning_checkpoint, lightning_callback
 
     _quiet_lightning()
