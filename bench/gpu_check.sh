@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# GPU check of the llm_sft recipe (not a test; needs one NVIDIA GPU, e.g. an H200, and the project's venv):
+#   1. prepares a synthetic corpus (byte-level BPE trained in-process, packed 2,048-token sequences),
+#   2. trains llm_sft from scratch on a ~650M-parameter Llama-style config (bf16 autocast, sdpa,
+#      torch.compile) on one GPU and prints tokens/s and MFU (target: MFU >= 45%),
+#   3. runs the image and tabular demos once with nccl.
+#
+#   bench/gpu_check.sh             # ROWS=600 rows per corpus file (16 files: ~400 steps of 8 x 2,048 tokens);
+#                                  # PREPARE_ONLY=1 stops after the preparation (a check without a GPU)
+#
+# Everything goes to a fresh PIPELINE_HOME (printed); nothing is fetched from a hub.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+ROWS=${ROWS:-600}
+export PIPELINE_HOME=${PIPELINE_HOME:-$(mktemp -d /tmp/gpu-check-XXXX)/home}
+OUT=$PIPELINE_HOME/gpu_check
+mkdir -p "$OUT"
+echo "PIPELINE_HOME=$PIPELINE_HOME"
+[ -n "${PREPARE_ONLY:-}" ] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+# 1. Corpus: 16 JSON Lines files (one preparation unit each, converted in parallel) of prompt/response rows
+# of pseudo-words, and a tokenizer trained on them.
+$PY - "$OUT" "$ROWS" <<'PYEOF'
+import json, random, sys
+from pathlib import Path
+from pipeline.recipes.llm_sft.demo import train_tokenizer
+
+out = Path(sys.argv[1]) / "corpus"
+out.mkdir(parents=True, exist_ok=True)
+rng = random.Random(0)
+words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(20000)]
+def text(n):
+    return " ".join(rng.choice(words) for _ in range(n))
+sample = []
+for part in range(16):
+    rows = [{"prompt": text(rng.randint(50, 150)), "response": text(rng.randint(200, 500))} for _ in range(int(sys.argv[2]))]
+    sample += [r["prompt"] + " " + r["response"] for r in rows[:200]]
+    (out / f"part-{part:02d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+train_tokenizer(sample, out.parent / "tokenizer", vocab_size=32000)
+print(f"corpus: 16 x {sys.argv[2]} rows in {out}")
+PYEOF
+
+URI=$($PY - "$OUT" <<'PYEOF'
+import sys, time
+from pathlib import Path
+from pipeline.data.prep import prepare
+from pipeline.recipes import get_recipe
+
+out = Path(sys.argv[1])
+cfg = get_recipe("llm_sft").config().with_overrides({
+    "data.input_path": str(out / "corpus"), "data.format": "jsonl", "data.tokenizer_path": str(out / "tokenizer"),
+    "data.max_seq_len": 2048, "data.packing": True, "data.workers": 16, "data.val_fraction": 0.01,
+    "data.test_fraction": 0.01})
+started = time.perf_counter()
+manifest = prepare(cfg.data, name="llm_gpu_check", out_root=out / "datasets")
+print(f"prepared {manifest['splits']} in {time.perf_counter() - started:.1f}s; {manifest['transform']}", file=sys.stderr)
+print(manifest["uri"])
+PYEOF
+)
+
+[ -z "${PREPARE_ONLY:-}" ] || exit 0
+
+# 2. ~650M parameters: 24 layers, hidden 1536, 12 heads of 128 (4 key/value heads), SwiGLU 4096, vocab ~32k.
+rm -rf "$OUT/train"
+$PY -m torch.distributed.run --standalone --nproc-per-node=1 -m pipeline.train --recipe llm_sft --dataset "$URI" \
+  --out "$OUT/train" \
+  --set model.hidden_size=1536 --set model.num_layers=24 --set model.num_heads=12 --set model.num_kv_heads=4 \
+  --set model.intermediate_size=4096 --set model.compile=true --set model.eval_max_examples=32 \
+  --set train.precision=bf16 --set train.batch_size=8 --set train.epochs=1 --set train.learning_rate=3e-4 \
+  --set train.log_every_steps=20 --set train.checkpoint_every_steps=0 --set launch.backend=nccl \
+  --set train.warmup_steps=20 2>&1 | tee "$OUT/train.log" | grep -E "training on|step [0-9]+/|saved model" || true
+$PY - "$OUT/train/result.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["throughput"]
+print(f"llm_sft: {r['steps']} steps, {t.get('tokens_per_s', 0):,.0f} tokens/s, MFU {t.get('mfu', float('nan')):.1%} "
+      f"(target >= 45%), {r['precision']}, train wall {r['train_wall_s']}s")
+PYEOF
+
+# 3. The image and tabular demos once on this GPU with nccl (one rank).
+for recipe in image_classifier tabular_mlp; do
+  $PY -m pipeline.demo --recipe "$recipe" --conf '{"nproc_per_node": 1, "overrides": {"launch.backend": "nccl"}}' \
+    2>&1 | tail -1
+done
