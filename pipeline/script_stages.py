@@ -58,10 +58,12 @@ def adopt(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], tracked: d
 
     started = time.perf_counter()
     result = script_result or {}
-    model_dir = result.get("model_dir")
+    # A trainer that writes no result file (a CLI) is expected to save into the job folder's model/.
+    model_dir = result.get("model_dir") or (str(Path(result["job_dir"]) / "model") if result.get("job_dir") else None)
     if not model_dir or not (Path(model_dir) / "config.json").is_file():
         raise ScriptOutputError(f"the training script's result {result!r} names no model folder with a config.json "
-                                f"(expected 'model_dir' in $PIPELINE_RESULT_FILE, written by rank 0 after save_pretrained)")
+                                f"(expected 'model_dir' in $PIPELINE_RESULT_FILE, written by rank 0 after save_pretrained, "
+                                f"or the model saved in $PIPELINE_JOB_DIR/model)")
     run_id = tracked["MLFLOW_RUN_ID"]
     metrics = {k: float(v) for k, v in (result.get("metrics") or {}).items()}
     experiment_id = tracking.experiment_id_of(run_id)
