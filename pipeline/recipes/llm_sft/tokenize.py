@@ -92,7 +92,10 @@ class Tokenize:
         import pyarrow as pa
 
         counts: Counter = Counter(rows_in=table.num_rows)
-        examples = [self.example(i, row) for i, row in enumerate(self._rows(table))]
+        if self.use_messages or self.tokenizer.chat_template is not None:
+            examples = [self.example(i, row) for i, row in enumerate(self._rows(table))]
+        else:
+            examples = self._plain_examples(table)
         kept = []
         for prompt_ids, completion_ids, prompt, reference in examples:
             ids, labels = prompt_ids + completion_ids, [IGNORE_INDEX] * len(prompt_ids) + completion_ids
@@ -120,32 +123,38 @@ class Tokenize:
         prompts = table.column(self.prompt_column).to_pylist()
         return ({"prompt": p, "response": r} for p, r in zip(prompts, table.column(self.response_column).to_pylist()))
 
+    def _plain_examples(self, table) -> list[tuple[list[int], list[int], str, str]]:
+        """Prompt/response rows without a chat template, each column tokenized as one batch."""
+        prompts = table.column(self.prompt_column).to_pylist()
+        responses = table.column(self.response_column).to_pylist()
+        for i, (prompt, response) in enumerate(zip(prompts, responses)):
+            _check_texts(i, ((self.prompt_column, prompt), (self.response_column, response)))
+        if not prompts:
+            return []
+        tok = self.tokenizer
+        prompt_ids = tok(prompts)["input_ids"]  # with the tokenizer's own special tokens (a BOS)
+        completion_ids = tok(responses, add_special_tokens=False)["input_ids"]
+        return [(p, c + [tok.eos_token_id], prompt, response)
+                for p, c, prompt, response in zip(prompt_ids, completion_ids, prompts, responses)]
+
     def example(self, i: int, row: dict[str, Any]) -> tuple[list[int], list[int], str, str]:
-        """(prompt token ids, completion token ids, prompt text as fed to the model, reference text)."""
+        """One row through the tokenizer's chat template: (prompt token ids, completion token ids, prompt text
+        as fed to the model, reference text)."""
         tok = self.tokenizer
         if self.use_messages:
             messages = _check_messages(i, self.messages_column, row["messages"])
             context, reference = messages[:-1], messages[-1]["content"]
         else:
-            for column, value in ((self.prompt_column, row["prompt"]), (self.response_column, row["response"])):
-                if not isinstance(value, str):
-                    raise RowError(i, column, f"value {value!r}; expected text")
-            if not row["response"]:
-                raise RowError(i, self.response_column, "the response is empty; expected the completion to train on")
+            _check_texts(i, ((self.prompt_column, row["prompt"]), (self.response_column, row["response"])))
             context, reference = [{"role": "user", "content": row["prompt"]}], row["response"]
-        if tok.chat_template is not None:
-            prompt = tok.apply_chat_template(context, tokenize=False, add_generation_prompt=True)
-            full = tok.apply_chat_template(context + [{"role": "assistant", "content": reference}], tokenize=False)
-            if not full.startswith(prompt):
-                raise RowError(i, self.messages_column if self.use_messages else self.prompt_column,
-                               "the chat template renders the conversation without its generation prompt as a prefix; "
-                               "cannot tell the prompt's tokens from the completion's")
-            prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            completion_ids = tok(full[len(prompt):], add_special_tokens=False)["input_ids"]
-        else:
-            prompt = row["prompt"]
-            prompt_ids = tok(prompt)["input_ids"]  # with the tokenizer's own special tokens (a BOS)
-            completion_ids = tok(reference, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        prompt = tok.apply_chat_template(context, tokenize=False, add_generation_prompt=True)
+        full = tok.apply_chat_template(context + [{"role": "assistant", "content": reference}], tokenize=False)
+        if not full.startswith(prompt):
+            raise RowError(i, self.messages_column if self.use_messages else self.prompt_column,
+                           "the chat template renders the conversation without its generation prompt as a prefix; "
+                           "cannot tell the prompt's tokens from the completion's")
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        completion_ids = tok(full[len(prompt):], add_special_tokens=False)["input_ids"]
         return prompt_ids, completion_ids, prompt, reference
 
     def _table(self, kept, pa):
@@ -176,6 +185,16 @@ def pack(examples: list[tuple], max_seq_len: int) -> list[tuple]:
     if ids:
         rows.append((ids, labels, "", ""))
     return rows
+
+
+def _check_texts(i: int, values: tuple[tuple[str, Any], tuple[str, Any]]) -> None:
+    """A prompt and a response must be text, the response not empty."""
+    for column, value in values:
+        if not isinstance(value, str):
+            raise RowError(i, column, f"value {value!r}; expected text")
+    column, response = values[1]
+    if not response:
+        raise RowError(i, column, "the response is empty; expected the completion to train on")
 
 
 def _check_messages(i: int, column: str, messages: Any) -> list[dict[str, str]]:
