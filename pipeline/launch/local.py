@@ -123,9 +123,7 @@ class TorchrunJob:
                      f"{self.max_restarts}); training resumes from its last checkpoint")
 
     def _launch(self, emit: Callable[[str], None], restart: int) -> None:
-        removed = clean_stale_shared_memory()
-        if removed:
-            emit(f"removed stale shared memory left by a previous attempt: {', '.join(sorted(removed))}")
+        clean_stale_shared_memory()  # logs what it removed, once
         for folder in (self.progress_dir, self.files.errors):
             shutil.rmtree(folder, ignore_errors=True)  # a previous attempt's heartbeats and errors are not this one's
         self.progress_dir.mkdir(parents=True)

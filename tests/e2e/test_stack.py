@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -276,6 +277,112 @@ def test_a_task_marked_failed_through_the_api_leaves_no_training_process(stack):
     client.request("PATCH", f"/api/v2/dags/torchrun_kill/dagRuns/{run_id}/taskInstances/sleep_long", {"new_state": "failed"})
     wait_for(lambda: not still_alive(job), "every process of the job to end after 'mark failed'", timeout_s=60)
     assert client.request("GET", f"/api/v2/dags/torchrun_kill/dagRuns/{run_id}/taskInstances/sleep_long")["state"] == "failed"
+
+
+@pytest.fixture()
+def browser(stack, tmp_path):
+    """Chromium logged in as the admin; the screenshots stay in the test's artifacts folder."""
+    from tests.browser import Browser
+
+    artifacts = tmp_path / "artifacts"
+    browser = Browser(artifacts)
+    try:
+        browser.login(stack.airflow_url, "admin", stack.admin_password())
+        yield browser
+    finally:
+        browser.close()
+        print(f"screenshots: {artifacts}")
+
+
+def test_ui_trigger_form_run_task_log_and_mlflow_link(stack, browser):
+    from selenium.webdriver.common.by import By
+
+    client = stack.client()
+    _unpause(client, "tabular_mlp")
+    driver = browser.driver
+    driver.get(f"{stack.airflow_url}/dags/tabular_mlp")
+    browser.wait(lambda: browser.by_text("button", "Trigger"), "the Trigger button")[0].click()
+    browser.wait(lambda: driver.find_elements(By.NAME, "element_epochs"), "the trigger form's Params")
+    browser.shot("trigger-form")
+
+    # Invalid values first: the form refuses them.
+    epochs = browser.set_field("element_epochs", "0")
+    assert epochs.get_attribute("value") == "1"  # below the Param's minimum: put back to it
+    browser.set_field("element_input_path", "")
+    browser.wait(lambda: [e for e in driver.find_elements(By.XPATH, "//*[text()='This field is required']")],
+                 "the form to say input_path is required")
+    assert not browser.by_text("button", "Trigger")[-1].is_enabled()
+    browser.shot("form-refuses-empty-input-path")
+
+    model = "stack_ui_model"
+    for name, value in (("element_input_path", str(stack.demo_parquet)), ("element_nproc_per_node", "1"),
+                        ("element_epochs", "2"), ("element_batch_size", "64"), ("element_model_name", model)):
+        browser.set_field(name, value)
+    trigger = browser.by_text("button", "Trigger")[-1]
+    assert trigger.is_enabled()
+    browser.shot("form-filled")
+    trigger.click()
+    url = browser.wait(lambda: driver.current_url if "/runs/" in driver.current_url else None, "the new run's page")
+    run_id = url.split("/runs/", 1)[1].split("/")[0]
+    run = client.request("GET", f"/api/v2/dags/tabular_mlp/dagRuns/{run_id}")
+    assert (run["conf"]["epochs"], run["conf"]["model_name"], run["conf"]["nproc_per_node"]) == (2, model, 1)
+    assert _wait_run(client, "tabular_mlp", run_id) == "success"
+    driver.refresh()
+    browser.wait(lambda: browser.by_text("span", "Success") or "Success" in driver.find_element(By.TAG_NAME, "body").text,
+                 "the run page to show success")
+    browser.shot("run-success")
+
+    driver.get(f"{stack.airflow_url}/dags/tabular_mlp/runs/{run_id}/tasks/train")
+    browser.wait(lambda: "[default0]:" in driver.find_element(By.TAG_NAME, "body").text, "rank-prefixed lines in the train log")
+    browser.shot("train-log")
+
+    driver.get(f"{stack.airflow_url}/dags/tabular_mlp/runs/{run_id}/tasks/train/details")
+    link = browser.wait(lambda: browser.by_text("a", "MLflow"), "the MLflow extra link")[0]
+    mlflow_run = _xcom(client, "tabular_mlp", run_id, "train")["mlflow_run_id"]
+    assert link.get_attribute("href").startswith(stack.mlflow_url) and mlflow_run in link.get_attribute("href")
+    browser.shot("extra-link")
+    link.click()
+    browser.wait(lambda: len(driver.window_handles) > 1, "the MLflow tab")
+    driver.switch_to.window(driver.window_handles[-1])
+    browser.wait(lambda: mlflow_run in driver.find_element(By.TAG_NAME, "body").text, "MLflow's run page", timeout_s=90)
+    browser.shot("mlflow-run-page")
+
+
+def test_ui_approves_a_require_approval_run_on_the_required_actions_page(stack, browser):
+    from selenium.webdriver.common.by import By
+
+    client = stack.client()
+    _unpause(client, "tabular_mlp")
+    model = "stack_approval_model"
+    conf = {"input_path": str(stack.demo_parquet), **TINY, "epochs": 1, "model_name": model, "require_approval": True,
+            "overrides": {**TINY["overrides"], "registry.experiment": model, "evaluate.min_improvement": -1.0}}
+    run_id = client.request("POST", "/api/v2/dags/tabular_mlp/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
+    driver = browser.driver
+
+    def listed():
+        driver.get(f"{stack.airflow_url}/required_actions")
+        time.sleep(2)
+        return browser.by_text("a", run_id)
+
+    run_link = browser.wait(listed, "the run on the Required Actions page", timeout_s=300)[0]
+    browser.shot("required-actions")
+    assert run_link.is_displayed()
+    from urllib.parse import unquote
+
+    subject = [a for a in browser.by_text("a", "Promote the challenger to champion?")
+               if run_id in unquote(a.get_attribute("href") or "")]
+    assert len(subject) == 1, [a.get_attribute("href") for a in browser.by_text("a", "Promote the challenger to champion?")]
+    subject[0].click()
+    approve = browser.wait(lambda: browser.by_text("button", "Approve"), "the Approve button")[0]
+    browser.shot("approval-form")
+    approve.click()
+    assert _wait_run(client, "tabular_mlp", run_id) == "success"
+    summary = _xcom(client, "tabular_mlp", run_id, "promote")
+    assert summary["promoted"], summary
+    assert _xcom(client, "tabular_mlp", run_id, "approve")["chosen_options"] == ["Approve"]
+    driver.refresh()
+    browser.wait(lambda: "Success" in driver.find_element(By.TAG_NAME, "body").text, "the approve task shown as success")
+    browser.shot("approved")
 
 
 def test_stack_down_leaves_no_process_and_no_port(stack):
