@@ -1,5 +1,7 @@
 """One DAG factory for every recipe: prepare_data -> train -> register_model -> evaluate -> approve -> promote.
 
+The tasks after training (``release``) are shared with the DAGs around users' own scripts (``script_dag``).
+
 A recipe's DAG file is one call: ``recipe_dag("image_classifier")``. Each task body is one call
 into ``pipeline.stages`` through ``run_stage``, which builds the run's config from the Params form.
 """
@@ -52,24 +54,30 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
         def train(prepared: dict) -> dict:
             return run_stage(stages.train, config_from_params, prepared)
 
-        @task
-        def register_model(prepared: dict, trained: dict) -> dict:
-            return run_stage(stages.register_model, config_from_params, prepared, trained)
-
-        @task
-        def evaluate(prepared: dict, registered: dict) -> dict:
-            return run_stage(stages.evaluate, config_from_params, prepared, registered)
-
-        @task
-        def promote(prepared: dict, trained: dict, registered: dict, evaluation: dict, approval: dict) -> dict:
-            return run_stage(stages.promote, config_from_params, prepared, trained, registered, evaluation, approval)
-
         prepared = prepare_data()
-        trained = with_mlflow_link(train(prepared))
-        registered = with_mlflow_link(register_model(prepared, trained))
-        evaluation = with_mlflow_link(evaluate(prepared, registered))
-        approval = promotion_approval(retries=0)
-        evaluation >> approval
-        promote(prepared, trained, registered, evaluation, approval.output)
+        release(config_from_params, prepared, with_mlflow_link(train(prepared)))
 
     return pipeline_dag()
+
+
+def release(config_from_params, prepared, trained) -> None:
+    """The tasks after training, the same in every pipeline DAG: register_model -> evaluate -> approve ->
+    promote, on the outputs of ``prepared`` and ``trained`` (inside a DAG definition)."""
+
+    @task
+    def register_model(prepared: dict, trained: dict) -> dict:
+        return run_stage(stages.register_model, config_from_params, prepared, trained)
+
+    @task
+    def evaluate(prepared: dict, registered: dict) -> dict:
+        return run_stage(stages.evaluate, config_from_params, prepared, registered)
+
+    @task
+    def promote(prepared: dict, trained: dict, registered: dict, evaluation: dict, approval: dict) -> dict:
+        return run_stage(stages.promote, config_from_params, prepared, trained, registered, evaluation, approval)
+
+    registered = with_mlflow_link(register_model(prepared, trained))
+    evaluation = with_mlflow_link(evaluate(prepared, registered))
+    approval = promotion_approval(retries=0)
+    evaluation >> approval
+    promote(prepared, trained, registered, evaluation, approval.output)

@@ -1,5 +1,5 @@
 """A DAG around a user's own training script, run unchanged by ``TorchrunOperator``: prepare_data ->
-open_run -> train (the script on N ranks) -> adopt -> register_model -> evaluate -> promote.
+open_run -> train (the script on N ranks) -> adopt -> register_model -> evaluate -> approve -> promote.
 
 The script reads the torchrun environment and writes its model folder; the DAG gives it the MLflow run
 (``MLFLOW_RUN_ID``, which the HF Trainer's and Accelerate's MLflow integrations use), a checkpoint folder
@@ -16,7 +16,8 @@ from airflow.sdk import Param, dag, task
 
 from pipeline import script_stages, settings, stages
 from pipeline.launch import TorchrunOperator
-from pipeline.orchestration import run_stage
+from pipeline.dag_factory import release
+from pipeline.orchestration import run_stage, with_mlflow_link
 from pipeline.recipes import get_recipe
 
 _FROM_OPEN_RUN = "{{{{ ti.xcom_pull(task_ids='open_run')['{}'] }}}}"
@@ -57,24 +58,9 @@ def script_dag(dag_id: str, *, entry: Sequence[str], recipe_name: str = "llm_sft
         def adopt(prepared: dict, tracked: dict, script_result: dict | None) -> dict:
             return run_stage(script_stages.adopt, config_from_params, prepared, tracked, script_result)
 
-        @task
-        def register_model(prepared: dict, trained: dict) -> dict:
-            return run_stage(stages.register_model, config_from_params, prepared, trained)
-
-        @task
-        def evaluate(prepared: dict, registered: dict) -> dict:
-            return run_stage(stages.evaluate, config_from_params, prepared, registered)
-
-        @task
-        def promote(prepared: dict, trained: dict, registered: dict, evaluation: dict) -> dict:
-            return run_stage(stages.promote, config_from_params, prepared, trained, registered, evaluation, None)
-
         prepared = prepare_data()
         tracked = open_run(prepared)
         tracked >> train
-        trained = adopt(prepared, tracked, train.output)
-        registered = register_model(prepared, trained)
-        evaluation = evaluate(prepared, registered)
-        promote(prepared, trained, registered, evaluation)
+        release(config_from_params, prepared, with_mlflow_link(adopt(prepared, tracked, train.output)))
 
     return script_pipeline()
