@@ -41,7 +41,7 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
     def pipeline_dag():
         @task(outlets=[dataset])
         def prepare_data(*, triggering_asset_events=None, outlet_events=None) -> dict:
-            window = windows.triggering_window(triggering_asset_events)
+            window = windows.triggering_window(triggering_asset_events, settings.data_dir())
             prepared = run_stage(stages.prepare_data, config_from_params, window)
             outlet_events[dataset].extra = windows.asset_extra(prepared)
             return prepared

@@ -37,9 +37,13 @@ def asset_extra(dataset: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def triggering_window(triggering_asset_events: Any) -> dict[str, str] | None:
+def triggering_window(triggering_asset_events: Any, data_root: Path | None = None) -> dict[str, str] | None:
     """``{"dataset", "end"}`` of the newest interval among a run's triggering asset events, or None
-    for a run that no asset event triggered (a manual or scheduled one)."""
+    for a run that no asset event triggered (a manual or scheduled one).
+
+    With ``data_root``, a version of that dataset published with a newer interval counts too: events
+    that arrive together (a backfill's concurrent days) can be split between a run being created and
+    none at all, so the newest day would never be trained on; a triggered run reads the newest days."""
     newest = None
     for events in (triggering_asset_events or {}).values():
         for event in events:
@@ -47,6 +51,9 @@ def triggering_window(triggering_asset_events: Any) -> dict[str, str] | None:
             if extra.get("dataset") and extra.get("interval_end"):
                 if newest is None or extra["interval_end"] > newest["end"]:
                     newest = {"dataset": extra["dataset"], "end": extra["interval_end"]}
+    if newest is not None and data_root is not None:
+        ends = [m["interval"]["end"] for m in published(Path(data_root) / newest["dataset"]) if m.get("interval")]
+        newest["end"] = max([newest["end"], *ends])
     return newest
 
 

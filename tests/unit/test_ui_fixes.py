@@ -77,3 +77,30 @@ def test_backfill_of_a_paused_dag_warns_and_names_the_catch_up(monkeypatch):
 
 def test_a_dag_the_metadata_db_does_not_know_is_not_paused(airflow_db):
     assert airflow_cli.is_paused("no_such_dag") is False
+
+
+def test_a_run_triggered_by_concurrent_daily_events_trains_on_the_window_ending_at_the_newest_day(tmp_path):
+    """A 3-day backfill's events arrived within 0.2 s: the run consumed them and trained on the window
+    ending at the middle day, and no run followed for the newest one."""
+    import json
+    import random
+    from types import SimpleNamespace
+
+    from pipeline.data import windows
+
+    days = ["2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23"]
+    events = []
+    for version, (start, end) in enumerate(zip(days, days[1:])):
+        interval = {"start": f"{start}T00:00:00+00:00", "end": f"{end}T00:00:00+00:00"}
+        folder = tmp_path / "tabular_mlp_daily" / f"v{version}"
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps({"interval": interval, "version": f"v{version}"}))
+        events.append(SimpleNamespace(extra={"dataset": "tabular_mlp_daily", "interval_end": interval["end"]}))
+    newest = "2026-11-23T00:00:00+00:00"
+
+    shuffled = random.Random(0).sample(events, 3)
+    assert windows.triggering_window({"asset": shuffled}, tmp_path)["end"] == newest
+    # The run was created between the events: it holds the first two only, and the third queues no run.
+    assert windows.triggering_window({"asset": events[:2]})["end"] == "2026-11-22T00:00:00+00:00"
+    assert windows.triggering_window({"asset": events[:2]}, tmp_path) == {"dataset": "tabular_mlp_daily", "end": newest}
+    assert windows.triggering_window({}, tmp_path) is None  # a manual run prepares its own input
