@@ -49,8 +49,11 @@ def script_dag(dag_id: str, *, entry: Sequence[str], recipe_name: str = "llm_sft
         def open_run(prepared: dict) -> dict:
             return run_stage(script_stages.open_run, config_from_params, prepared)
 
+        # Admitted as the recipe DAGs' train task: the training workers' queue and pool (pipeline.settings).
         train = TorchrunOperator(
             task_id="train", entry=list(entry), no_python=no_python, nproc_per_node=nproc_per_node,
+            queue=settings.train_queue(), pool=settings.train_pool(),
+            pool_slots=settings.train_pool_slots(nproc_per_node),
             env={key: _FROM_OPEN_RUN.format(key) for key in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI")},
         )
 
