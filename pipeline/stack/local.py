@@ -237,6 +237,11 @@ class LocalStack:
         state = self.state()
         return bool(state and any(not _exited(pid) for pid in state["pids"].values()))
 
+    def exited(self) -> list[str]:
+        """The stack's services whose process is gone (each has its log in ``home/logs/NAME.log``)."""
+        state = self.state() or {"pids": {}}
+        return sorted(name for name, pid in state["pids"].items() if _exited(pid))
+
     def down(self, grace_s: float = 15) -> list[int]:
         """Fail running tasks through the API, then end every process of the stack (signal each, wait,
         kill what remains). Returns the pids that had to be killed."""

@@ -83,13 +83,16 @@ def stack(tmp_path_factory, pipeline_home):
     demo.write_parquet(tmp / "inputs" / "demo.parquet", 3_000, seed=3)
     demo.write_partitions(tabular_mlp.daily_input_path(), DAYS, 400, seed=21)
     stack = make_stack(tmp / "home", dags, {
-        "PIPELINE_DAILY_START_DATE": DAYS[0],
+        # The daily DAG starts today: its catch-up covers none of the backfilled days. (Airflow 3.3's scheduler
+        # dies on a unique-key violation when its catch-up creates a scheduled run for a day a backfill holds.)
+        "PIPELINE_DAILY_START_DATE": str(TODAY),
         "PIPELINE_RETRY_DELAY_S": "1",
         "PIPELINE_TRAIN_POOL_SLOTS": "1",  # one slot a training: the pool of 1 admits one at a time
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "1",
     })
     try:
         stack.up()
+        stack.client = _live_client(stack, stack.client)
         client = stack.client()
         wait_for(lambda: _dag_ids(client) >= {"tabular_mlp", "tabular_daily_prep", "gpu_pool_probe", "torchrun_kill"},
                  "the dag-processor to parse the stack's DAGs", timeout_s=180, poll_s=1)
@@ -98,6 +101,27 @@ def stack(tmp_path_factory, pipeline_home):
         yield stack
     finally:
         remove_stack(stack)
+
+
+def _live_client(stack, make_client):
+    """The stack's REST clients, each request failing at once when a service of the stack has died (with
+    its log's tail), rather than a poll for a run's state timing out minutes later."""
+
+    class LiveClient:
+        def __init__(self):
+            self.inner = make_client()
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def request(self, *args, **kwargs):
+            gone = stack.exited()
+            if gone:
+                tails = {name: (stack.home / "logs" / f"{name}.log").read_text(errors="replace")[-2000:] for name in gone}
+                raise AssertionError(f"stack service(s) {gone} died:\n" + "\n".join(f"--- {n}\n{t}" for n, t in tails.items()))
+            return self.inner.request(*args, **kwargs)
+
+    return LiveClient
 
 
 def _dag_ids(client) -> set[str]:
@@ -217,7 +241,7 @@ def test_backfill_of_three_days_prepares_three_versions_and_trains_on_the_newest
 
     runs = wait_for(prep_runs, "the backfill's 3 runs to finish", timeout_s=300, poll_s=1)
     assert [r["state"] for r in runs] == ["success"] * 3, runs
-    assert all(r["run_type"] in ("backfill", "scheduled") for r in runs)
+    assert all(r["run_type"] == "backfill" for r in runs)
     versions = [_xcom(client, "tabular_daily_prep", r["dag_run_id"], "prepare_data") for r in runs]
     assert [v["interval"]["start"][:10] for v in versions] == DAYS
     assert len({v["version"] for v in versions}) == 3 and not any(v["skipped"] for v in versions)

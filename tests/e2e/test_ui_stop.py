@@ -57,8 +57,18 @@ def test_ctrl_c_of_make_ui_ends_every_process_and_leaves_no_task_running(tmp_pat
         ui.send_signal(signal.SIGINT)  # Ctrl-C
         ui.wait(timeout=120)
     finally:
-        if ui.poll() is None:
-            os.killpg(ui.pid, signal.SIGKILL)
+        if ui.poll() is None:  # the test failed before its Ctrl-C: stop it anyway, its services included
+            started = psutil.Process(ui.pid).children(recursive=True)
+            ui.send_signal(signal.SIGINT)
+            try:
+                ui.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(ui.pid, signal.SIGKILL)
+            for process in started:
+                try:
+                    process.kill()
+                except psutil.Error:
+                    pass
     assert ui.returncode == 0, out.read_text()[-3000:]
     assert not [pid for pid in everyone if alive(pid)], out.read_text()[-3000:]
     bound = {c.laddr.port for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN}
