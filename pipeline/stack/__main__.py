@@ -31,6 +31,9 @@ def _ui() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C stops the stack even where SIGINT came ignored: a shell starts background jobs that way,
+    # and Python then keeps it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         stack.up()
         print(stack.banner(), flush=True)
