@@ -119,7 +119,7 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], t
             log.info("sent %d metric values that training could not deliver", replayed)
         version, created = models.log_and_register(
             run_id=trained["mlflow_run_id"], model_name=cfg.registry.model_name, run_key=run.key,
-            package=spec.package(trained, data), tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE},
+            package=spec.package(trained, data, cfg=cfg), tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE},
         )
         models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
     from pipeline.registry.links import model_version_url

@@ -40,7 +40,6 @@ def retrieval_metrics(recommended: list[list[str]], relevant: list[set[str]], ca
     shown: set[str] = set()
     discounts = 1.0 / np.log2(np.arange(2, 12))
     for items, truth in zip(recommended, relevant):
-        items = list(items)
         hits = np.array([item in truth for item in items[:50]], dtype=bool)
         recall10.append(hits[:10].sum() / len(truth))
         recall50.append(hits[:50].sum() / len(truth))

@@ -65,7 +65,7 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             self.started = time.perf_counter()
             self.resumed_from_step = 0
             self.saved_step = -1
-            self._window = (time.perf_counter(), 0, 0)  # (time, step, samples) at the last progress line
+            self._window = (time.perf_counter(), 0)  # (time, samples) at the last progress line
             self.samples = 0
 
         def setup(self, trainer, pl_module, stage):
@@ -76,7 +76,7 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             self.started = time.perf_counter()
             self.resumed_from_step = trainer.global_step
             self.saved_step = trainer.global_step
-            self._window = (time.perf_counter(), trainer.global_step, 0)
+            self._window = (time.perf_counter(), 0)
             ctx.log(f"training with Lightning on {trainer.world_size} rank(s) ({trainer.strategy.__class__.__name__}, "
                     f"{trainer.num_devices} per node x {trainer.num_nodes} node(s)): "
                     f"{trainer.estimated_stepping_batches} steps"
@@ -88,20 +88,20 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             self.samples += _batch_size(batch) * trainer.world_size
             ctx.heartbeat.beat(step, total=total, epoch=trainer.current_epoch + 1)
             if trainer.is_global_zero and (step % log_every_steps == 0 or step == total):
-                started, first_step, first_samples = self._window
+                started, first_samples = self._window
                 elapsed = max(time.perf_counter() - started, 1e-9)
                 loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
                 rate = (self.samples - first_samples) / elapsed
                 ctx.metrics.log({"step_loss": loss, "train_samples_per_s": rate}, step=step)
                 ctx.log(f"step {step}/{total} epoch {trainer.current_epoch + 1} loss {loss:.4f} "
                         f"{rate:,.0f} samples/s")
-                self._window = (time.perf_counter(), step, self.samples)
+                self._window = (time.perf_counter(), self.samples)
             if every_steps and step % every_steps == 0 and step != self.saved_step:
                 self.save(trainer, step)
 
         def on_train_epoch_end(self, trainer, pl_module):
             # After the epoch's validation: the epoch's train_* and val_* metrics are both in.
-            values = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+            values = scalar_metrics(trainer)
             if values and trainer.is_global_zero:
                 ctx.metrics.log(values | {"epoch": trainer.current_epoch + 1}, step=trainer.global_step)
                 ctx.log(f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs} "
@@ -131,6 +131,11 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             self.saved_step = step
 
     return LightningRunContext()
+
+
+def scalar_metrics(trainer) -> dict[str, float]:
+    """The values the LightningModule logged (``self.log``) that are single numbers."""
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
 
 
 def last_lightning_checkpoint(ctx: RunContext) -> str | None:

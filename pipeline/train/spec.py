@@ -47,7 +47,7 @@ class TrainSpec:
     # run(cfg, ctx: RunContext, data) -> result fields: a framework trainer's per-rank body instead of the loop;
     # "metrics" (the last validation's), and on rank 0 "model_files" (what export would return) for package.
     run: Callable[..., dict[str, float]] | None = None
-    # package(trained result, data) -> ModelPackage.
+    # package(trained result, data, cfg=run config) -> ModelPackage.
     package: Callable[..., ModelPackage] | None = None
     # evaluation_inputs(data, split, cfg=run config) -> (what the registered model takes, what the evaluator
     # scores its output against: label indices, or held-out items).

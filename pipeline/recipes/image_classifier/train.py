@@ -138,7 +138,7 @@ def export(model: SmallResNet, cfg, data: TrainingData, out_dir: Path) -> dict[s
     return {"network": str(out_dir / NETWORK_FILE), "labels": str(out_dir / LABELS_FILE)}
 
 
-def package(trained: dict[str, Any], data: TrainingData) -> ModelPackage:
+def package(trained: dict[str, Any], data: TrainingData, cfg=None) -> ModelPackage:
     files = trained["model_files"]
     inputs, _ = evaluation_inputs(data, "test", limit=3)
     return ModelPackage(python_model=str(SERVING), artifacts={"network": files["network"], "labels": files["labels"]},

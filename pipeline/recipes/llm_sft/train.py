@@ -137,7 +137,7 @@ def export(model, cfg, data: TrainingData, out_dir: Path) -> dict[str, str]:
     return {"model_dir": str(target)}
 
 
-def package(trained: dict[str, Any], data: TrainingData) -> ModelPackage:
+def package(trained: dict[str, Any], data: TrainingData, cfg=None) -> ModelPackage:
     import mlflow
     import transformers
 

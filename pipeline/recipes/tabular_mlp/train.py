@@ -56,7 +56,7 @@ def export(model: TabularMLP, cfg, data: TrainingData, out_dir: Path) -> dict[st
     return {"network": str(out_dir / NETWORK_FILE), "preprocessing": str(out_dir / PREPROCESSING_FILE)}
 
 
-def package(trained: dict[str, Any], data: TrainingData) -> ModelPackage:
+def package(trained: dict[str, Any], data: TrainingData, cfg=None) -> ModelPackage:
     # The preprocessing the model was trained with (the merged one of every version read), as training wrote it.
     prep = data.preprocessing
     example = {c: [row[c] for row in data.sample_rows] for c in prep["numeric_columns"] + prep["categorical_columns"]}

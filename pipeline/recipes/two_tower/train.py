@@ -126,7 +126,7 @@ def lightning_module(cfg, model: TwoTower):
 
 def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
     """Every rank: fit with Lightning's DDP inside the launcher's process group; rank 0 exports."""
-    from pipeline.train.callbacks import last_lightning_checkpoint, lightning_callback
+    from pipeline.train.callbacks import last_lightning_checkpoint, lightning_callback, scalar_metrics
 
     _quiet_lightning()
     tc = cfg.train
@@ -144,12 +144,12 @@ def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
         num_nodes=max(1, ctx.dist.world_size // devices), strategy="ddp" if ctx.dist.enabled else "auto",
         max_epochs=tc.epochs, use_distributed_sampler=False, callbacks=[callback], logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        default_root_dir=str(ctx.out_dir), deterministic=False,
+        default_root_dir=str(ctx.out_dir),
     )
     torch.manual_seed(tc.seed + ctx.dist.rank)
     trainer.fit(lightning_module(cfg, model), train_dataloaders=train_loader, val_dataloaders=val_loader,
                 ckpt_path=last_lightning_checkpoint(ctx))
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    metrics = scalar_metrics(trainer)
     result = {"metrics": metrics, "steps": trainer.global_step, **callback.summary()}
     items = catalogue(cfg, data)  # on every rank: opening a split is collective
     if ctx.is_main:
@@ -208,17 +208,9 @@ def export(model: TwoTower, cfg, data: TrainingData, out_dir: Path, items: dict[
             "users": str(out_dir / USERS_FILE)}
 
 
-def package(trained: dict[str, Any], data: TrainingData) -> ModelPackage:
-    files = trained["model_files"]
-    inputs, _ = evaluation_inputs(data, "test", limit=3, cfg=_config(trained))
-    return ModelPackage(python_model=str(SERVING), artifacts=dict(files), input_example=inputs)
-
-
-def _config(trained: dict[str, Any]):
-    from pipeline.recipes import get_recipe
-
-    out = Path(trained["out_dir"])
-    return get_recipe("two_tower").config_class.from_dict(json.loads((out / "config.json").read_text()))
+def package(trained: dict[str, Any], data: TrainingData, *, cfg) -> ModelPackage:
+    inputs, _ = evaluation_inputs(data, "test", limit=3, cfg=cfg)
+    return ModelPackage(python_model=str(SERVING), artifacts=dict(trained["model_files"]), input_example=inputs)
 
 
 def evaluation_inputs(data: TrainingData, split: str, limit: int | None = None, *, cfg):
