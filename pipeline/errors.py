@@ -40,11 +40,38 @@ class InfraError(PipelineError):
 
 
 class TrainingFailed(InfraError):
-    """The torchrun job exited non-zero."""
+    """An attempt of a training job failed: a rank died, a node or pod failed. Restarted within
+    ``launch.max_restarts``, then retryable."""
+
+    restartable = True  # whether the supervisor replaces the attempt (training resumes from its checkpoint)
+
+
+class TrainingPreempted(TrainingFailed):
+    """Every rank was sent SIGTERM (an eviction, a spot reclaim), checkpointed at one step and exited."""
 
 
 class TrainingStalled(TrainingFailed):
     """No training step completed for longer than the stall timeout; the ranks were stopped."""
+
+    restartable = False  # a hang is the machine's or the network's: the task retry decides
+
+
+class TrainingTimedOut(TrainingFailed):
+    """The job ran past ``launch.timeout_s`` and was stopped."""
+
+    restartable = False
+
+
+class TrainingStopped(TrainingFailed):
+    """The job was stopped from outside (the task was killed, cleared or marked failed)."""
+
+    restartable = False
+
+
+class NotStarted(TrainingFailed):
+    """An attempt never got running (unschedulable, an image that cannot be pulled, a start-up limit)."""
+
+    restartable = False
 
 
 @contextlib.contextmanager

@@ -310,10 +310,12 @@ class StandinCluster:
 def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: int | None = None,
               user_error: bool = False, forever: bool = False, result: dict | None = None,
               on_success: Callable[[dict], None] | None = None, stalled: bool = False,
-              autoscaled_away: bool = False) -> None:
+              autoscaled_away: bool = False, preempt_first: bool = False) -> None:
     """Every pod schedules and runs; node k logs ``step i`` lines, both nodes at once (a node writes its
     next line only once the other's previous one was served); then all succeed (rank 0 writes its result),
-    ``fail_node`` fails (optionally reporting a user error first), or they run until deleted."""
+    ``fail_node`` fails (optionally reporting a user error first), or they run until deleted.
+    ``preempt_first``: the first attempt's pods are evicted (the ranks checkpoint, mark the preemption
+    and exit with its code); a later attempt runs to the end."""
     pods = cluster.make_pods(job)
     time.sleep(0.2)
     for key in pods:
@@ -337,6 +339,16 @@ def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: 
         time.sleep(0.1)
     if not cluster.alive(job):
         return
+    if preempt_first and job["metadata"]["name"].endswith("-r0"):
+        from pipeline.train.progress import PREEMPTED_EXIT_CODE, mark_preempted
+
+        mark_preempted(Path(env["PIPELINE_PROGRESS_DIR"]), rank=0, step=7)
+        for key in pods:
+            cluster.log(key, "SIGTERM: checkpointed at step 7")
+            cluster.set_pod(key, "Failed", exit_code=PREEMPTED_EXIT_CODE, message="preempted at step 7")
+        time.sleep(0.3)
+        cluster.end_job(job, "Failed", "PodFailurePolicy", "a pod was evicted")
+        return
     if fail_node is not None:
         if user_error:
             errors = Path(env["PIPELINE_ERROR_DIR"])
@@ -349,7 +361,8 @@ def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: 
         time.sleep(0.3)
         cluster.end_job(job, "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
         return
-    Path(env["PIPELINE_RESULT_FILE"]).write_text(json.dumps(result or {"final_loss": 0.25, "nodes": len(pods)}))
+    Path(env["PIPELINE_RESULT_FILE"]).write_text(json.dumps(result or {
+        "final_loss": 0.25, "nodes": len(pods), "restart": int(env["PIPELINE_RESTART_COUNT"])}))
     if on_success is not None:
         on_success(job)
     for key in pods:

@@ -1,17 +1,15 @@
-"""The Kubernetes launcher (``launch.kind = kubernetes``): the job as an indexed Job of torchrun pods and
+"""The Kubernetes place (``launch.kind = kubernetes``): each attempt is an indexed Job of torchrun pods and
 a headless Service (``pipeline.launch.kube_manifest``), through the Kubernetes provider's connection
-and the official client.
+and the official client, under the supervisor's policy (``pipeline.launch.supervisor``).
 
 One attempt: create the Service and the Job; every pod must be running within
-``launch.kubernetes.schedule_timeout_s`` (otherwise the attempt fails naming why: unschedulable with the
-scheduler's message, an image pull failure, a crash); every pod's log streams into the task log as it
-is written, prefixed with its node rank, all pods at once; a failed pod ends the attempt. Whatever
-ends it (success, failure, timeout, stall, ``stop()``), the Job is deleted with foreground propagation
-(its pods first) and the Service with it; ``pipeline.launch.kube_guard`` does the same when the task
-process is killed outright. ``launch.max_restarts`` replaces the whole Job, which resumes from the
-job folder's checkpoints. The job folder must be on a volume the pods mount at the same path: rank 0's
-result, the ranks' user errors, heartbeats and torchrun's error files are read from there, so errors
-are classified as in the local launcher.
+``launch.kubernetes.schedule_timeout_s`` (otherwise the attempt did not start, and says why:
+unschedulable with the scheduler's message, an image pull failure, a crash); every pod's log streams
+into the task log as it is written, prefixed with its node rank, all pods at once; a failed pod ends
+the attempt. ``stop`` deletes the Job with foreground propagation (its pods first) and the Service
+with it; ``pipeline.launch.kube_guard`` does the same when the task process is killed outright. The
+job folder must be on a volume the pods mount at the same path: rank 0's result, the ranks' user
+errors, heartbeats and torchrun's error files are read from there, as on every place.
 """
 
 from __future__ import annotations
@@ -25,21 +23,16 @@ import threading
 import time
 from typing import Any, Callable
 
-from pipeline.errors import TrainingFailed, TrainingStalled, reported_user_error
 from pipeline.launch import kube_state
 from pipeline.launch.kube_manifest import CONTAINER, Manifests, build, object_name
 from pipeline.launch.spec import JobSpec
-from pipeline.train.progress import read_heartbeats
+from pipeline.launch.supervisor import Attempt, Ended
 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
 GONE_TIMEOUT_S = 120.0
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-
-
-class PodsNotRunning(TrainingFailed):
-    """The pods were not all running within ``launch.kubernetes.schedule_timeout_s``."""
 
 
 def api_client(connection_id: str):
@@ -49,16 +42,13 @@ def api_client(connection_id: str):
     return KubernetesHook(conn_id=connection_id).get_conn()
 
 
-def manifests_for(spec: JobSpec, restart: int) -> Manifests:
-    """The Job and Service of one attempt of ``spec``: same entry, environment and job folder as the
-    local launcher; names unique per DAG run, task, try and restart."""
-    files = spec.files
-    env = {**spec.env, **files.env(), "PIPELINE_TRY_NUMBER": str(spec.try_number),
-           "PIPELINE_BACKEND": spec.launch.backend, "PIPELINE_RESTART_COUNT": str(restart)}
+def manifests_for(attempt: Attempt) -> Manifests:
+    """The Job and Service of one attempt (``pipeline.launch.supervisor.Attempt``): the ranks' environment
+    every place gives them; names unique per DAG run, task, try and restart."""
+    spec, restart = attempt.spec, attempt.restart
     return build(name=object_name(spec.name, spec.labels, restart), entry=list(spec.entry), launch=spec.launch,
-                 env=env, labels={**spec.labels, "restart": str(restart)},
-                 log_dir=str(files.logs(spec.try_number) / f"torchrun-{restart}"), job_dir=str(files.root),
-                 no_python=spec.no_python)
+                 env=attempt.env(), labels={**spec.labels, "restart": str(restart)},
+                 log_dir=str(attempt.log_dir), job_dir=str(spec.files.root), no_python=spec.no_python)
 
 
 class Cluster:
@@ -170,139 +160,124 @@ class LogStreams:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
 
-class KubernetesLauncher:
-    """``launch.kind = kubernetes`` (see the module's description)."""
+class KubernetesPlace:
+    """``launch.kind = kubernetes`` (see the module's description). ``submit``, ``handle`` and ``teardown``
+    are what the deferred form (``pipeline.launch.deferred``) uses: it creates the objects on a worker,
+    waits in the triggerer (``pipeline.launch.kube_watch``) and tears them down by name."""
 
-    def __init__(self, client_factory: Callable[[str], Any] = api_client):
+    watch = "pipeline.launch.kube_watch:PodsWatch"
+
+    def __init__(self, spec: JobSpec, client_factory: Callable[[str], Any] = api_client):
+        manifests_for(Attempt(spec, 0))  # a bad launch.kubernetes.* value fails here, before anything is created
+        self.spec = spec
+        self.poll_s = POLL_S
         self._client_factory = client_factory
-        self._stopped = threading.Event()
-        self._current: tuple[Cluster, Manifests] | None = None
-        self._teardown_lock = threading.Lock()
+        self._cluster: Cluster | None = None
+        self._current: Manifests | None = None
+        self._guard: subprocess.Popen | None = None
+        self._logs: LogStreams | None = None
+        self._lock = threading.Lock()  # stop() may come from another thread while an attempt starts
 
-    def run(self, spec: JobSpec, emit: Callable[[str], None]) -> None:
-        manifests_for(spec, 0)  # a bad launch.kubernetes.* value fails here, before anything is created
-        cluster = Cluster(self._client_factory(spec.launch.kubernetes.connection_id))
-        for restart in range(spec.launch.max_restarts + 1):
-            if self._stopped.is_set():
-                raise TrainingFailed("the training job was stopped (the task was killed, cleared or timed out)")
-            try:
-                return self._attempt(cluster, spec, emit, restart)
-            except (TrainingStalled, PodsNotRunning):
-                raise  # the machines' or the cluster's: the task retry decides
-            except TrainingFailed as exc:
-                if restart == spec.launch.max_restarts or self._stopped.is_set():
-                    raise
-                emit(f"{str(exc).splitlines()[0]}; replacing the Job ({restart + 1} of {spec.launch.max_restarts}); "
-                     f"training resumes from its last checkpoint")
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster(self._client_factory(self.spec.launch.kubernetes.connection_id))
+        return self._cluster
 
-    def stop(self) -> None:
-        """Stop for good from any thread (``on_kill``, a signal): delete the Job, its pods and the Service now."""
-        self._stopped.set()
-        if self._current is not None:
-            self._teardown(*self._current, grace_period_s=10)
-
-    def _attempt(self, cluster: Cluster, spec: JobSpec, emit: Callable[[str], None], restart: int) -> None:
-        import shutil
-
-        files, kube = spec.files, spec.launch.kubernetes
-        for folder in (files.progress, files.errors):
-            shutil.rmtree(folder, ignore_errors=True)  # a previous attempt's heartbeats and errors are not this one's
-        files.progress.mkdir(parents=True)
-        m = manifests_for(spec, restart)
-        emit(f"creating Job {m.namespace}/{m.name}: {spec.launch.nnodes} pod(s) x {spec.launch.nproc_per_node} "
-             f"rank(s), image {kube.image}" + (f", Kueue queue {kube.queue_name}" if kube.queue_name else ""))
-        guard = start_guard(cluster, m)
-        self._current = (cluster, m)
-        logs = LogStreams(cluster, m, emit)
+    def submit(self, attempt: Attempt, emit: Callable[[str], None]) -> Manifests:
+        """Create the attempt's Service and Job (replacing what a dead worker of the same attempt left)."""
+        m, kube = manifests_for(attempt), self.spec.launch.kubernetes
+        emit(f"creating Job {m.namespace}/{m.name}: {self.spec.launch.nnodes} pod(s) x "
+             f"{self.spec.launch.nproc_per_node} rank(s), image {kube.image}"
+             + (f", Kueue queue {kube.queue_name}" if kube.queue_name else ""))
         try:
-            cluster.create(m)
-            self._wait_running(cluster, m, spec, logs, emit)
-            self._wait_done(cluster, m, spec, logs, emit)
-        finally:
-            self._teardown(cluster, m, grace_period_s=int(spec.launch.grace_period_s))
-            logs.join(timeout_s=10)
-            self._current = None
-            stop_guard(guard)
+            self.cluster.create(m)
+        except BaseException:
+            self.cluster.delete(m, int(self.spec.launch.grace_period_s))  # the Service may exist without its Job
+            raise
+        return m
 
-    def _wait_running(self, cluster: Cluster, m: Manifests, spec: JobSpec, logs: LogStreams,
-                      emit: Callable[[str], None]) -> None:
-        kube = spec.launch.kubernetes
-        deadline = time.monotonic() + kube.schedule_timeout_s
-        last = None
-        while True:
-            self._check_stopped()
-            job, pods = cluster.job(m), cluster.pods(m)
-            logs.follow(pods)
-            ended = kube_state.job_condition(job)
-            state, detail, hopeless = kube_state.schedule_state(job, pods, spec.launch.nnodes)
+    def handle(self, attempt: Attempt) -> dict[str, Any]:
+        """What the triggerer needs to watch the attempt (JSON)."""
+        m = manifests_for(attempt)
+        return {"connection_id": self.spec.launch.kubernetes.connection_id, "namespace": m.namespace, "name": m.name,
+                "nnodes": self.spec.launch.nnodes, "schedule_timeout_s": self.spec.launch.kubernetes.schedule_timeout_s}
+
+    def teardown(self, attempt: Attempt, grace_period_s: float) -> None:
+        """Delete the attempt's Job (its pods first) and Service by name, and wait until they are gone."""
+        self._teardown(manifests_for(attempt), grace_period_s)
+
+    def start(self, attempt: Attempt, emit: Callable[[str], None]) -> None:
+        with self._lock:
+            m = manifests_for(attempt)
+            self._current = m
+            self._guard = start_guard(self.cluster, m)
+            self._logs = LogStreams(self.cluster, m, emit)
+        self._emit = emit
+        self._running = False
+        self._last_detail: str | None = None
+        self._schedule_deadline = time.monotonic() + self.spec.launch.kubernetes.schedule_timeout_s
+        self.submit(attempt, emit)
+
+    def poll(self) -> Ended | None:
+        m, logs, nnodes = self._current, self._logs, self.spec.launch.nnodes
+        if m is None or logs is None:
+            return Ended("stopped")
+        job, pods = self.cluster.job(m), self.cluster.pods(m)
+        logs.follow(pods)
+        ended = kube_state.job_condition(job)
+        if not self._running:
+            state, detail, hopeless = kube_state.schedule_state(job, pods, nnodes)
             if state == "ready" or (ended and ended[0] == "Complete"):
-                emit(f"all {spec.launch.nnodes} pod(s) of {m.name} are running")
+                self._emit(f"all {nnodes} pod(s) of {m.name} are running")
+                self._running = True
+            else:
+                if detail != self._last_detail:
+                    self._emit(f"waiting for pods: {detail}")
+                    self._last_detail = detail
+                if hopeless or (ended and ended[0] == "Failed"):
+                    return Ended("not_started", f"Job {m.name} could not start: {detail or ended[1]}")
+                if time.monotonic() > self._schedule_deadline:
+                    return Ended("not_started", f"the pods of Job {m.name} were not all running within launch."
+                                                f"kubernetes.schedule_timeout_s={self.spec.launch.kubernetes.schedule_timeout_s:g}s: {detail}")
+                return None
+        failed = {kube_state.node_of(p): (p.metadata.name, kube_state.failure(p)) for p in pods if kube_state.failure(p)}
+        if failed or (ended and ended[0] == "Failed"):
+            logs.join(timeout_s=10, pods=[pod for pod, _ in failed.values()])  # the failed pods' last lines first
+            return Ended("failed", f"Job {m.name}: {failed_what(failed, ended)}")
+        if ended and ended[0] == "Complete":
+            logs.join(timeout_s=30)  # the last lines before the result
+            self._emit(f"Job {m.name} completed")
+            return Ended("succeeded")
+        return None
+
+    def stop(self, grace_period_s: float) -> None:
+        with self._lock:
+            m, self._current = self._current, None
+            guard, self._guard = self._guard, None
+            if m is None:
                 return
-            if detail != last:
-                emit(f"waiting for pods: {detail}")
-                last = detail
-            if hopeless or (ended and ended[0] == "Failed"):
-                raise PodsNotRunning(f"Job {m.name} could not start: {detail or ended[1]}")
-            if time.monotonic() > deadline:
-                raise PodsNotRunning(f"the pods of Job {m.name} were not all running within "
-                                     f"launch.kubernetes.schedule_timeout_s={kube.schedule_timeout_s:g}s: {detail}")
-            time.sleep(POLL_S)
+            self._teardown(m, grace_period_s)
+        if self._logs is not None:
+            self._logs.join(timeout_s=10)
+        stop_guard(guard)
 
-    def _wait_done(self, cluster: Cluster, m: Manifests, spec: JobSpec, logs: LogStreams,
-                   emit: Callable[[str], None]) -> None:
-        launch = spec.launch
-        started = last_change = time.monotonic()
-        last_beats: dict = {}
-        while True:
-            self._check_stopped()
-            job, pods = cluster.job(m), cluster.pods(m)
-            logs.follow(pods)
-            failed = {kube_state.node_of(p): (p.metadata.name, kube_state.failure(p)) for p in pods if kube_state.failure(p)}
-            ended = kube_state.job_condition(job)
-            if failed or (ended and ended[0] == "Failed"):
-                raise self._failure(spec, m, failed, ended, logs)
-            if ended and ended[0] == "Complete":
-                logs.join(timeout_s=30)  # the last lines before the result
-                emit(f"Job {m.name} completed")
-                return
-            now = time.monotonic()
-            if now - started > launch.timeout_s:
-                raise TrainingFailed(f"training ran past launch.timeout_s={launch.timeout_s}s and was stopped")
-            beats = read_heartbeats(spec.files.progress)
-            progress = {rank: {k: v for k, v in beat.items() if k != "time"} for rank, beat in beats.items()}
-            if progress != last_beats:
-                last_beats, last_change = progress, now
-            elif progress and launch.stall_timeout_s and now - last_change > launch.stall_timeout_s:
-                from pipeline.launch.local import _describe_stall
+    def dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
+        """The ranks run in pods this process cannot signal: their last lines are in the log already."""
 
-                raise TrainingStalled(_describe_stall(beats, now - last_change, launch.stall_timeout_s))
-            time.sleep(POLL_S)
+    def _teardown(self, m: Manifests, grace_period_s: float) -> None:
+        self.cluster.delete(m, int(grace_period_s))
+        if not self.cluster.wait_gone(m, timeout_s=grace_period_s + GONE_TIMEOUT_S):
+            log.warning("Job %s/%s still present %ss after its foreground deletion", m.namespace, m.name,
+                        grace_period_s + GONE_TIMEOUT_S)
 
-    def _failure(self, spec: JobSpec, m: Manifests, failed: dict, ended, logs: LogStreams) -> Exception:
-        from pipeline.launch.local import rank_failure
 
-        logs.join(timeout_s=10, pods=[pod for pod, _ in failed.values()])  # the failed pods' last lines first
-        user_error = reported_user_error(spec.files.errors)
-        if user_error is not None:
-            return user_error  # bad config or data: no restart, no retry
-        if failed:
-            node, (pod, how) = min(failed.items())
-            what = f"node {node} (pod {pod}) {how}"
-        else:
-            what = f"the Job failed ({ended[1]})"
-        traceback = rank_failure(spec.files.logs(spec.try_number))
-        return TrainingFailed(f"Job {m.name}: {what}" + (f"\n{traceback}" if traceback else ""))
-
-    def _check_stopped(self) -> None:
-        if self._stopped.is_set():
-            raise TrainingFailed("the training job was stopped (the task was killed, cleared or timed out)")
-
-    def _teardown(self, cluster: Cluster, m: Manifests, grace_period_s: int) -> None:
-        with self._teardown_lock:
-            cluster.delete(m, grace_period_s)
-            if not cluster.wait_gone(m, timeout_s=grace_period_s + GONE_TIMEOUT_S):
-                log.warning("Job %s/%s still present %ss after its foreground deletion", m.namespace, m.name,
-                            grace_period_s + GONE_TIMEOUT_S)
+def failed_what(failed: dict[int, tuple[str, str]], ended: tuple[str, str] | None) -> str:
+    """Which node failed and how (the lowest failed node), or the Job's own reason."""
+    if failed:
+        node, (pod, how) = min(failed.items())
+        return f"node {node} (pod {pod}) {how}"
+    return f"the Job failed ({ended[1] if ended else 'unknown'})"
 
 
 def client_settings(client) -> dict[str, Any]:

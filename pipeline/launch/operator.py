@@ -1,7 +1,7 @@
 """What DAG authors use to run code on N ranks: ``TorchrunOperator`` for a module or script, ``@task.torchrun``.
 
-Both go through the same launcher interface as the pipeline's own train task
-(``pipeline.launch.spec.Job``, ``launch.kind`` picks where): live rank-prefixed logs, restarts, a stall
+Both go through the same supervisor as the pipeline's own train task
+(``pipeline.launch.supervisor.Job``, ``launch.kind`` picks where): live rank-prefixed logs, restarts, a stall
 watchdog, user errors that fail without retries, and a clean stop on ``on_kill``, timeouts and SIGTERM. Each job gets a folder keyed by DAG, run and task (not by try
 number), exported to the ranks as ``PIPELINE_JOB_DIR`` with ``PIPELINE_CHECKPOINT_DIR`` inside it,
 so a script that checkpoints there resumes on an Airflow retry.
@@ -9,13 +9,13 @@ so a script that checkpoints there resumes on an Airflow retry.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
-
 
 
 def job_dir(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Path:
@@ -68,31 +68,27 @@ class TorchrunOperator(BaseOperator):
                                "map_index": str(map_index), "try_number": str(ti.try_number)})
 
     def execute(self, context) -> Any:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from pipeline.errors import UserError
-        from pipeline.launch.spec import Job
-
         spec = self._spec(context)
+        started = time.time()
         if self.launch.kind == "kubernetes" and self.launch.kubernetes.deferrable:
-            from pipeline.launch import kube_deferred
+            from pipeline.launch import deferred
 
-            return kube_deferred.start(self, spec, restart=0, started=time.time())
+            deferred.start(self, spec, restart=0, started=started)
+        from pipeline.launch.supervisor import Job
+
         self._job = Job(spec)
-        started = time.perf_counter()
-        try:
+        with user_errors_fail():
             result = self._job.run(emit=self.log.info)
-        except UserError as exc:
-            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
-        return self._result(result or {}, spec.job_dir, time.perf_counter() - started)
+        return self._result(result or {}, spec.job_dir, time.time() - started)
 
     def execute_complete(self, context, event: dict[str, Any], restart: int, started: float) -> Any:
-        """Back from the triggerer (``launch.kubernetes.deferrable``): tear the Job down, then rank 0's
-        result, a user error without retries, a replacement Job within ``max_restarts``, or the failure."""
-        from pipeline.launch import kube_deferred
+        """Back from the triggerer (``launch.kubernetes.deferrable``): tear the attempt down, then rank 0's
+        result, a user error without retries, a replacement attempt within ``max_restarts``, or the failure."""
+        from pipeline.launch import deferred
 
         spec = self._spec(context)
-        result = kube_deferred.complete(self, spec, event, restart=restart, started=started)
+        with user_errors_fail():
+            result = deferred.complete(self, spec, event, restart=restart, started=started)
         return self._result(result or {}, spec.job_dir, time.time() - started)
 
     def _result(self, result: Any, folder: Path, wall_s: float) -> Any:
@@ -104,6 +100,19 @@ class TorchrunOperator(BaseOperator):
         """Airflow calls this when the task is killed (cleared, marked failed, timed out): stop every rank."""
         if self._job is not None:
             self._job.stop()
+
+
+@contextlib.contextmanager
+def user_errors_fail():
+    """A ``UserError`` (bad config or data, a rank's included) fails the task without retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipeline.errors import UserError
+
+    try:
+        yield
+    except UserError as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 
 def torchrun_task(python_callable: Callable | None = None, **kwargs: Any):

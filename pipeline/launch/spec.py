@@ -1,24 +1,23 @@
-"""The launcher interface: one job spec, one registry of places to run it (``launch.kind``).
+"""The job contract: one job spec, the job folder every rank and the supervisor share, and the registry
+of places to run it (``launch.kind``).
 
-Every launcher guarantees the same things: live rank-prefixed logs, errors classified (a rank's user
-error fails at once, with no restart and no retry; infrastructure faults restart up to
-``max_restarts`` and are retryable), restarts that resume from the last checkpoint, and nothing left
-running when the task ends for any reason. The job's files live in ``job_dir``, the same folder on
-every try of a task, where every rank can reach it.
+The job's files live in ``job_dir``, the same folder on every try of a task, where every rank can
+reach it; ``JobFiles`` is its only definition, and the ranks find it from the environment it exports.
+What every place guarantees is ``pipeline.launch.supervisor``'s.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Sequence
 
 from pipeline.config import LaunchConfig, PipelineConfig
 from pipeline.errors import ConfigError
 
-LAUNCHERS = {"local": "pipeline.launch.local:LocalLauncher", "kubernetes": "pipeline.launch.kube:KubernetesLauncher"}
+# launch.kind -> the place that runs its attempts (pipeline.launch.supervisor.Place), imported on use.
+PLACES = {"local": "pipeline.launch.local:LocalPlace", "kubernetes": "pipeline.launch.kube:KubernetesPlace"}
 
 
 @dataclass(frozen=True)
@@ -81,14 +80,6 @@ class JobSpec:
         return JobFiles(Path(self.job_dir))
 
 
-class Launcher(Protocol):
-    def run(self, spec: JobSpec, emit: Callable[[str], None]) -> None:
-        """Run the job to completion; raise ``RankUserError`` or ``TrainingFailed``/``TrainingStalled``."""
-
-    def stop(self) -> None:
-        """Stop the job for good, from any thread (``on_kill``, a signal); nothing of it stays running."""
-
-
 def launch_config(options: dict[str, Any] | LaunchConfig | None = None) -> LaunchConfig:
     """A validated ``LaunchConfig`` from keyword options (the same names and rules as ``launch.*``)."""
     if isinstance(options, LaunchConfig):
@@ -96,31 +87,3 @@ def launch_config(options: dict[str, Any] | LaunchConfig | None = None) -> Launc
     from pipeline.config import flatten
 
     return PipelineConfig().with_overrides(flatten(dict(options or {}), "launch.")).launch
-
-
-def launcher_for(spec: JobSpec) -> Launcher:
-    kind = spec.launch.kind
-    if kind not in LAUNCHERS:
-        raise ConfigError(f"launch.kind={kind!r}: expected one of {sorted(LAUNCHERS)}")
-    module, _, attr = LAUNCHERS[kind].partition(":")
-    return getattr(importlib.import_module(module), attr)()
-
-
-class Job:
-    """A job spec bound to its launcher: ``run()`` blocks and returns rank 0's result; ``stop()`` from anywhere."""
-
-    def __init__(self, spec: JobSpec):
-        self.spec = spec
-        self.launcher = launcher_for(spec)
-
-    def run(self, emit: Callable[[str], None] | None = None) -> dict[str, Any] | None:
-        import logging
-
-        files = self.spec.files
-        files.root.mkdir(parents=True, exist_ok=True)
-        files.result.unlink(missing_ok=True)  # never report a previous try's result
-        self.launcher.run(self.spec, emit or logging.getLogger(__name__).info)
-        return files.read_result()
-
-    def stop(self) -> None:
-        self.launcher.stop()

@@ -1,28 +1,25 @@
-"""The Kubernetes launcher's lifecycle against a stand-in API server (tests/kube_standin.py): no
-Kubernetes API server can run on the project's machines. The launcher is the real one, with the
-official client reaching the server through the Kubernetes provider's connection; the stand-in plays
-the scheduler, the Job controller and the kubelet."""
+"""What only the Kubernetes place does, against a stand-in API server (tests/kube_standin.py): no
+Kubernetes API server can run on the project's machines. The place is the real one, with the official
+client reaching the server through the Kubernetes provider's connection; the stand-in plays the
+scheduler, the Job controller and the kubelet. What every place guarantees is in test_place_contract.py."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import functools
-import json
 import os
-import subprocess
-import sys
-import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from pipeline.errors import NotStarted as PodsNotRunning
 from pipeline.errors import RankUserError, TrainingFailed
-from pipeline.launch import kube, kube_trigger
-from pipeline.launch.kube import PodsNotRunning
-from pipeline.launch.spec import Job, JobSpec, launch_config
+from pipeline.launch import kube
+from pipeline.launch.spec import JobSpec, launch_config
+from pipeline.launch.supervisor import Attempt, Job
+from pipeline.launch.trigger import AttemptTrigger
 from tests import kube_standin
 from tests.kube_standin import StandinCluster
 
@@ -76,7 +73,7 @@ def test_a_job_runs_streams_every_pods_log_live_and_returns_rank_0s_result(clust
     cluster = cluster_for(kube_standin.nodes_run, lines=4)
     lines: list[str] = []
     result = Job(make_spec(tmp_path)).run(lines.append)
-    assert result == {"final_loss": 0.25, "nodes": 2}  # written by "rank 0" into the shared job folder
+    assert result == {"final_loss": 0.25, "nodes": 2, "restart": 0}  # written by "rank 0" into the shared job folder
     for node in (0, 1):
         assert [line for line in lines if line.startswith(f"[node {node}] ")] == [
             f"[node {node}] [rank {node}] step {i}" for i in range(4)]
@@ -124,33 +121,8 @@ def test_a_failed_pod_stops_the_job_and_max_restarts_replaces_it_then_the_attemp
     assert "node 1 (pod " in str(err.value) and "exited with code 1" in str(err.value)
     names = [j["metadata"]["name"] for j in cluster.created_jobs]
     assert len(names) == 2 and names[0].endswith("-r0") and names[1].endswith("-r1")
-    assert any("replacing the Job (1 of 1)" in line for line in lines)
+    assert any("restarting every rank (1 of 1)" in line for line in lines)
     assert "[node 1] RuntimeError: boom" in lines  # the failing pod's last lines reached the task log
-    assert_torn_down(cluster)
-
-
-def test_a_rank_user_error_fails_at_once_without_a_restart(cluster_for, tmp_path):
-    cluster = cluster_for(kube_standin.nodes_run, fail_node=1, user_error=True)
-    with pytest.raises(RankUserError, match="rank 8: DataError: shard 3, row 17"):
-        Job(make_spec(tmp_path, max_restarts=2)).run(lambda line: None)
-    assert len(cluster.created_jobs) == 1
-    assert_torn_down(cluster)
-
-
-def test_the_run_timeout_stops_the_job(cluster_for, tmp_path):
-    cluster = cluster_for(kube_standin.nodes_run, forever=True)
-    with pytest.raises(TrainingFailed, match="launch.timeout_s=2s"):
-        Job(make_spec(tmp_path, timeout_s=2)).run(lambda line: None)
-    assert_torn_down(cluster)
-
-
-def test_a_stall_stops_the_job_as_a_retryable_failure(cluster_for, tmp_path):
-    from pipeline.errors import TrainingStalled
-
-    cluster = cluster_for(kube_standin.nodes_run, forever=True, stalled=True)
-    with pytest.raises(TrainingStalled, match=r"no step completed .* rank 0: step 5/100"):
-        Job(make_spec(tmp_path, stall_timeout_s=1, max_restarts=2)).run(lambda line: None)
-    assert len(cluster.created_jobs) == 1  # a stall is not restarted: the task retry decides
     assert_torn_down(cluster)
 
 
@@ -158,7 +130,7 @@ def test_a_pod_removed_after_it_succeeded_does_not_fail_the_task(cluster_for, tm
     """The autoscaler may delete a finished pod before its log is read: the Job's own status decides."""
     cluster = cluster_for(kube_standin.nodes_run, lines=3, autoscaled_away=True)
     lines: list[str] = []
-    assert Job(make_spec(tmp_path)).run(lines.append) == {"final_loss": 0.25, "nodes": 2}
+    assert Job(make_spec(tmp_path)).run(lines.append)["nodes"] == 2
     assert any(line.startswith("[node 1] (log stream of") and "(404)" in line for line in lines), lines
     assert "[node 0] [rank 0] step 2" in lines
     assert_torn_down(cluster)
@@ -167,62 +139,16 @@ def test_a_pod_removed_after_it_succeeded_does_not_fail_the_task(cluster_for, tm
 def test_a_job_left_by_a_dead_worker_of_the_same_attempt_is_replaced(cluster_for, tmp_path):
     from kubernetes import client as k8s
 
-    from pipeline.launch.kube import Cluster, api_client, manifests_for
+    from pipeline.launch.kube import Cluster, api_client, manifests_for  # noqa: F401
 
     cluster = cluster_for(kube_standin.nodes_run)
     spec = make_spec(tmp_path)
-    leftover = manifests_for(spec, 0)
+    leftover = manifests_for(Attempt(spec, 0))
     Cluster(api_client(CONN)).create(leftover)  # its pods run: the scenario plays them
     assert Job(spec).run(lambda line: None)["nodes"] == 2
     assert [j["metadata"]["name"] for j in cluster.created_jobs] == [leftover.name] * 2
     assert cluster.deletions[0]["name"] == leftover.name  # the leftover went first
     assert isinstance(leftover.job, k8s.V1Job)
-    assert_torn_down(cluster)
-
-
-def test_stop_from_another_thread_deletes_the_job_its_pods_and_the_service(cluster_for, tmp_path):
-    """What on_kill does when the task is cleared, marked failed or times out while running on a worker."""
-    cluster = cluster_for(kube_standin.nodes_run, forever=True)
-    job = Job(make_spec(tmp_path))
-    outcome: list[BaseException] = []
-
-    def run():
-        try:
-            job.run(lambda line: None)
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    assert cluster.wait_for(lambda: cluster.max_open_streams == 2, 30)
-    job.stop()
-    assert not cluster.left_behind()  # stop() itself waited for the foreground deletion
-    thread.join(30)
-    assert isinstance(outcome[0], TrainingFailed) and "stopped" in str(outcome[0])
-    assert_torn_down(cluster)
-
-
-def test_a_killed_task_process_leaves_nothing_running(cluster_for, tmp_path):
-    """SIGKILL of the process running the launcher (a killed worker): its guard deletes the Job."""
-    cluster = cluster_for(kube_standin.nodes_run, forever=True)
-    spec = make_spec(tmp_path)
-    driver = textwrap.dedent(f"""
-        from pathlib import Path
-        from pipeline.launch import kube
-        from pipeline.launch.spec import Job, JobSpec, launch_config
-        kube.POLL_S = 0.1
-        spec = JobSpec(entry={list(spec.entry)!r}, job_dir=Path({str(spec.job_dir)!r}),
-                       launch=launch_config({dataclasses.asdict(spec.launch)!r}),
-                       name={spec.name!r}, labels={spec.labels!r})
-        Job(spec).run(print)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ}, stdout=subprocess.DEVNULL)
-    try:
-        assert cluster.wait_for(lambda: cluster.max_open_streams == 2, 60), "the pods did not start"
-        proc.kill()
-        proc.wait(10)
-    finally:
-        proc.kill()
     assert_torn_down(cluster)
 
 
@@ -267,8 +193,8 @@ def _defer(op, context):
         op.execute(context)
     trigger = deferred.value.trigger
     classpath, kwargs = trigger.serialize()  # what the triggerer stores and rebuilds it from
-    assert classpath == "pipeline.launch.kube_trigger.TorchrunPodsTrigger"
-    rebuilt = kube_trigger.TorchrunPodsTrigger(**{**kwargs, "poll_s": 0.1})
+    assert classpath == "pipeline.launch.trigger.AttemptTrigger"
+    rebuilt = AttemptTrigger(**{**kwargs, "poll_s": 0.1})
     return rebuilt, deferred.value.method_name, deferred.value.kwargs
 
 
@@ -291,7 +217,7 @@ def test_deferred_the_trigger_streams_the_logs_and_the_task_resumes_with_the_res
             return event.payload
 
     event = asyncio.run(first_event())
-    assert event["status"] == "complete"
+    assert event["status"] == "succeeded"
     logged = capsys.readouterr().out  # the trigger's log: the task log, under the triggerer
     for line in (f"[node {n}] [rank {n}] step {i}" for n in (0, 1) for i in range(3)):
         assert line in logged
@@ -339,7 +265,7 @@ def test_deferred_a_failed_pod_is_replaced_within_max_restarts_then_the_task_fai
     with pytest.raises(TaskDeferred) as again:  # the replacement Job, deferred in its turn
         getattr(op, method)(context, event=event, **kwargs)
     assert again.value.kwargs["restart"] == 1
-    trigger2 = kube_trigger.TorchrunPodsTrigger(**{**again.value.trigger.serialize()[1], "poll_s": 0.1})
+    trigger2 = AttemptTrigger(**{**again.value.trigger.serialize()[1], "poll_s": 0.1})
     event2 = asyncio.run(first_event(trigger2))
     with pytest.raises(TrainingFailed, match="node 1"):
         getattr(op, method)(context, event=event2, **again.value.kwargs)

@@ -13,6 +13,7 @@ from pipeline.errors import ConfigError
 from pipeline.launch.kube import manifests_for
 from pipeline.launch.kube_manifest import COMPLETION_INDEX, deserialize, object_name, rendered_pod, serialize
 from pipeline.launch.spec import JobSpec, launch_config
+from pipeline.launch.supervisor import Attempt
 
 JOB_DIR = "/mnt/pipeline/runs/ddp/manual__2026-11-30T12_00_00_00_00/train"
 AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -51,7 +52,7 @@ def round_trip(obj, model: str):
 
 
 def test_2_nodes_x_8_gpus_round_trip_through_the_client_models_with_every_setting():
-    m = manifests_for(every_setting(), restart=0)
+    m = manifests_for(Attempt(every_setting(), 0))
     for obj, model in ((m.job, "V1Job"), (m.service, "V1Service")):
         text, again = round_trip(obj, model)
         assert again == obj
@@ -110,7 +111,7 @@ def test_every_launch_kubernetes_field_reaches_the_manifest():
 
     from pipeline.config import KubernetesConfig
 
-    base = json.dumps([serialize(o) for o in (manifests_for(every_setting(), 0).job, manifests_for(every_setting(), 0).service)])
+    base = json.dumps([serialize(o) for o in (manifests_for(Attempt(every_setting(), 0)).job, manifests_for(Attempt(every_setting(), 0)).service)])
     changed = {"image": "other:1", "image_pull_policy": "Never", "image_pull_secrets": ["x"], "namespace": "ns2",
                "service_account": "sa2", "gpu_resource": "amd.com/gpu", "cpu_limit": 3.0, "memory_limit_gb": 5.0,
                "shm_size_gb": 1.0, "node_selector": ["a=b"], "tolerations": ["k:NoSchedule"],
@@ -120,7 +121,7 @@ def test_every_launch_kubernetes_field_reaches_the_manifest():
     not_in_manifest = {"connection_id", "deferrable"}  # where the launcher connects, how the task waits
     assert set(changed) | not_in_manifest == {f.name for f in fields(KubernetesConfig)}
     for name, value in changed.items():
-        m = manifests_for(every_setting(**{name: value}), 0)
+        m = manifests_for(Attempt(every_setting(**{name: value}), 0))
         assert json.dumps([serialize(m.job), serialize(m.service)]) != base, name
 
 
@@ -134,7 +135,7 @@ def test_names_are_unique_per_run_try_and_restart_and_fit_a_pod_hostname():
 
 
 def test_the_rendered_pod_is_what_the_kubelet_would_run():
-    m = manifests_for(every_setting(), restart=1)
+    m = manifests_for(Attempt(every_setting(), 1))
     command, env = rendered_pod(m, 1)
     assert env["PET_NODE_RANK"] == "1" and env["PIPELINE_RESTART_COUNT"] == "1"
     assert f"--log-dir={JOB_DIR}/logs-try1/torchrun-1/node-1" in command
@@ -150,7 +151,7 @@ def test_the_rendered_pod_is_what_the_kubelet_would_run():
 ])
 def test_bad_settings_name_the_field_the_value_and_what_is_expected(override, message):
     with pytest.raises(ConfigError) as err:
-        manifests_for(every_setting(**override), 0)
+        manifests_for(Attempt(every_setting(**override), 0))
     assert message in str(err.value)
 
 
@@ -167,8 +168,8 @@ def test_launch_kubernetes_is_chosen_per_run_by_overrides_and_checked_like_any_f
         recipe.config().with_overrides({"launch.kubernetes.shm_size_gb": 0})
     with pytest.raises(ConfigError, match="unknown config key 'launch.kubernetes.imag'"):
         recipe.config().with_overrides({"launch.kubernetes.imag": "x"})
-    assert isinstance(manifests_for(JobSpec(entry=["t.py"], job_dir="/w/j", launch=launch_config(
-        {"kind": "kubernetes", "kubernetes": {"volumes": ["home:/w"]}})), 0).job, k8s.V1Job)
+    assert isinstance(manifests_for(Attempt(JobSpec(entry=["t.py"], job_dir="/w/j", launch=launch_config(
+        {"kind": "kubernetes", "kubernetes": {"volumes": ["home:/w"]}})), 0)).job, k8s.V1Job)
 
 
 def test_the_default_image_is_the_dockerfiles_and_runs_as_its_non_root_user():

@@ -26,6 +26,7 @@ from pipeline.launch.kube import manifests_for
 from pipeline.launch.kube_manifest import rendered_pod
 from pipeline.launch.local import run_torchrun
 from pipeline.launch.spec import JobSpec, launch_config
+from pipeline.launch.supervisor import Attempt
 
 pytestmark = pytest.mark.distributed
 
@@ -120,7 +121,7 @@ def test_rendered_pods_rendezvous_through_the_master_address_and_match_one_node(
                             "kubernetes": {"volumes": [f"runs:{tmp_path}"]}})
     spec = JobSpec(entry=[str(script)], job_dir=job_dir, launch=launch, name="pods-rdzv",
                    labels={"dag_id": "d", "run_id": "r", "task_id": "t", "try_number": "1"})
-    m = manifests_for(spec, 0)
+    m = manifests_for(Attempt(spec, 0))
     job_dir.mkdir(parents=True)
     pods = [rendered_pod(m, i) for i in (0, 1)]
     master = pods[0][1]["PET_MASTER_ADDR"]
