@@ -253,10 +253,15 @@ class PipelineConfig:
                 raise ConfigError(f"{name}={value!r}: expected one of this recipe's metrics {sorted(self.METRICS)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The one serialized form (Params, the ranks' config file, MLflow), carrying its recipe's name."""
+        return ({"recipe": self.RECIPE} if self.RECIPE else {}) | dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> PipelineConfig:
+        raw = dict(raw)
+        recipe = raw.pop("recipe", cls.RECIPE)
+        if recipe != cls.RECIPE:
+            raise ConfigError(f"recipe={recipe!r}: this is a config of the {cls.RECIPE or 'generic'} recipe")
         return _build(cls, raw, prefix="")
 
     def with_overrides(self, overrides: dict[str, Any]) -> PipelineConfig:

@@ -26,6 +26,14 @@ class JobFiles:
 
     root: Path
 
+    @classmethod
+    def from_env(cls) -> "JobFiles | None":
+        """In a rank: the job folder the launcher exported (``PIPELINE_JOB_DIR``), if any."""
+        import os
+
+        root = os.environ.get("PIPELINE_JOB_DIR")
+        return cls(Path(root)) if root else None
+
     @property
     def config(self) -> Path:
         return self.root / "config.json"
@@ -37,6 +45,10 @@ class JobFiles:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def unsent_metrics(self) -> Path:  # rank 0's metrics MLflow did not take in time, replayed at registration
+        return self.root / "unsent_metrics.jsonl"
 
     @property
     def progress(self) -> Path:  # per-rank heartbeats, read by the stall watchdog

@@ -39,5 +39,13 @@ def get_recipe(name: str):
     return importlib.import_module(modules[name]).RECIPE
 
 
+def config_from_dict(raw: dict):
+    """A serialized config (``PipelineConfig.to_dict``) as its recipe's config: the config names its recipe."""
+    if not isinstance(raw, dict) or not raw.get("recipe"):
+        raise ConfigError(f"config: expected a mapping with its 'recipe' (one of {recipe_names()}), got keys "
+                          f"{sorted(raw) if isinstance(raw, dict) else type(raw).__name__}")
+    return get_recipe(raw["recipe"]).config_class.from_dict(raw)
+
+
 def recipe_names() -> list[str]:
     return sorted(registry())

@@ -1,4 +1,5 @@
-"""Training entrypoint: ``python -m pipeline.train --recipe NAME ...`` alone, or under ``torchrun -m pipeline.train``."""
+"""Training entrypoint: ``python -m pipeline.train --config FILE ...`` alone, or under ``torchrun -m pipeline.train``
+(a launcher exports the job folder as ``PIPELINE_JOB_DIR``)."""
 
 from __future__ import annotations
 
@@ -15,33 +16,52 @@ from pipeline.errors import user_errors_reported
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__)
-    parser.add_argument("--recipe", required=True, help="registered recipe name (pipeline.recipes), e.g. tabular_mlp")
-    parser.add_argument("--config", type=Path, help="resolved config JSON (the recipe's config, to_dict); "
-                        "default: the recipe's --variant")
+    parser.add_argument("--config", type=Path, help="resolved config JSON (PipelineConfig.to_dict: it names its "
+                        "recipe); under a launcher, the job folder's config.json")
+    parser.add_argument("--recipe", help="registered recipe name (pipeline.recipes), e.g. tabular_mlp: the config "
+                        "of its --variant, when no --config is given")
     parser.add_argument("--variant", default="default", help="the recipe's config variant when no --config is given")
     parser.add_argument("--dataset", dest="datasets", required=True, action="append", metavar="URI",
                         help="dataset version folder or URI (with manifest.json); repeat it to read a window "
                         "of versions as streams of one dataset")
-    parser.add_argument("--out", required=True, type=Path, help="folder for the model, checkpoints, result.json")
+    parser.add_argument("--out", type=Path, help="the job folder (model, checkpoints, result.json); default: "
+                        "$PIPELINE_JOB_DIR, which every launcher exports")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set train.learning_rate=3e-4 --set model.depth=2")
     return parser.parse_args(argv)
+
+
+def resolve(args: argparse.Namespace):
+    """(recipe, config, job folder) from the arguments and the environment the launcher exported."""
+    from pipeline.errors import ConfigError
+    from pipeline.launch.spec import JobFiles
+    from pipeline.recipes import config_from_dict, get_recipe
+
+    if args.config:
+        cfg = config_from_dict(json.loads(args.config.read_text()))
+        if args.recipe and args.recipe != cfg.RECIPE:
+            raise ConfigError(f"--recipe {args.recipe}: the config {args.config} is of the {cfg.RECIPE} recipe")
+        recipe = get_recipe(cfg.RECIPE)
+    elif args.recipe:
+        recipe = get_recipe(args.recipe)
+        cfg = recipe.config(args.variant)
+    else:
+        raise ConfigError("python -m pipeline.train needs --config FILE (it names its recipe) or --recipe NAME")
+    exported = JobFiles.from_env()
+    out = args.out or (exported.root if exported else None)
+    if out is None:
+        raise ConfigError("python -m pipeline.train needs --out DIR when no launcher exported PIPELINE_JOB_DIR")
+    return recipe, cfg.with_overrides(parse_set_args(args.overrides)), out
 
 
 @record
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with user_errors_reported():
-        from pipeline.recipes import get_recipe
         from pipeline.train.loop import train
 
-        recipe = get_recipe(args.recipe)
-        if args.config:
-            cfg = recipe.config_class.from_dict(json.loads(args.config.read_text()))
-        else:
-            cfg = recipe.config(args.variant)
-        cfg = cfg.with_overrides(parse_set_args(args.overrides))
-        train(cfg, recipe.load_train_spec(), datasets=args.datasets, out_dir=args.out)
+        recipe, cfg, out = resolve(args)
+        train(cfg, recipe.load_train_spec(), datasets=args.datasets, out_dir=out)
     return 0
 
 

@@ -11,13 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.launch.spec import JobFiles
 from pipeline.train import distributed
 from pipeline.train.checkpoint import CheckpointStore
 from pipeline.train.progress import Heartbeat
 
-RESULT_FILE = "result.json"
-UNSENT_FILE = "unsent_metrics.jsonl"
-CHECKPOINT_DIR = "checkpoints"
 
 
 class MetricsSink:
@@ -47,7 +45,8 @@ class RunContext:
         self.cfg = cfg
         self.dist = dist
         self.out_dir = Path(out_dir)
-        self.checkpoint_dir = self.out_dir / CHECKPOINT_DIR
+        self.files = JobFiles(self.out_dir)  # the job folder's one definition, shared with the supervisor
+        self.checkpoint_dir = self.files.checkpoints
         self.checkpoints = CheckpointStore(self.checkpoint_dir, keep=cfg.train.keep_checkpoints)
         self.heartbeat = Heartbeat.from_env(dist.rank)
         self.metrics = MetricsSink(dist.is_main)
@@ -63,11 +62,11 @@ class RunContext:
 
     def finish(self, result: dict[str, Any]) -> dict[str, Any]:
         """Rank 0: flush metrics (spilling what cannot be sent) and write ``result.json`` atomically, last."""
-        result = dict(result, mlflow_run_id=self.metrics.run_id, unsent_metrics_path=str(self.out_dir / UNSENT_FILE))
+        result = dict(result, mlflow_run_id=self.metrics.run_id, unsent_metrics_path=str(self.files.unsent_metrics))
         if self.dist.is_main:
             result["unsent_metrics"] = self.metrics.close(self.cfg.train.metrics_flush_timeout_s,
-                                                          self.out_dir / UNSENT_FILE)
-            tmp = self.out_dir / f".{RESULT_FILE}.tmp"
+                                                          self.files.unsent_metrics)
+            tmp = self.files.result.with_name(f".{self.files.result.name}.tmp")
             tmp.write_text(json.dumps(result, indent=2))
-            os.replace(tmp, self.out_dir / RESULT_FILE)  # the result appears only once everything is saved
+            os.replace(tmp, self.files.result)  # the result appears only once everything is saved
         return result

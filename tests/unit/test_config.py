@@ -104,3 +104,31 @@ def test_config_from_params_applies_the_variant_params_and_overrides():
 
 def test_a_plain_pipeline_config_takes_any_metric_name():
     assert PipelineConfig().with_overrides({"evaluate.metric": "anything"}).evaluate.metric == "anything"
+
+
+def test_the_serialized_config_carries_its_recipe_and_is_read_back_as_that_recipes_config():
+    from pipeline.recipes import config_from_dict
+
+    raw = json.loads(json.dumps(get_recipe("image_classifier").config("tiny").to_dict()))
+    assert raw["recipe"] == "image_classifier"
+    cfg = config_from_dict(raw)
+    assert isinstance(cfg, ImageConfig) and cfg == get_recipe("image_classifier").config("tiny")
+    with pytest.raises(ConfigError, match="recipe='image_classifier': this is a config of the tabular_mlp recipe"):
+        TabularConfig.from_dict(raw)
+    with pytest.raises(ConfigError, match="expected a mapping with its 'recipe'"):
+        config_from_dict({k: v for k, v in raw.items() if k != "recipe"})
+
+
+def test_a_rank_finds_its_recipe_in_the_config_and_its_job_folder_in_the_environment(tmp_path, monkeypatch):
+    from pipeline.train.__main__ import parse_args, resolve
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(get_recipe("two_tower").config("tiny").to_dict()))
+    monkeypatch.setenv("PIPELINE_JOB_DIR", str(tmp_path / "job"))
+    recipe, cfg, out = resolve(parse_args(["--config", str(config), "--dataset", "d", "--set", "train.epochs=3"]))
+    assert (recipe.name, cfg.RECIPE, cfg.train.epochs, out) == ("two_tower", "two_tower", 3, tmp_path / "job")
+    with pytest.raises(ConfigError, match="--recipe tabular_mlp: the config .* is of the two_tower recipe"):
+        resolve(parse_args(["--config", str(config), "--recipe", "tabular_mlp", "--dataset", "d"]))
+    monkeypatch.delenv("PIPELINE_JOB_DIR")
+    with pytest.raises(ConfigError, match="needs --out DIR when no launcher exported PIPELINE_JOB_DIR"):
+        resolve(parse_args(["--config", str(config), "--dataset", "d"]))
