@@ -115,7 +115,10 @@ def train_pool() -> str:
 
 
 def train_pool_slots(gpus: int) -> int:
-    """Pool slots a training task takes: the GPUs it uses (``gpus``), or ``PIPELINE_TRAIN_POOL_SLOTS``."""
+    """Pool slots a training task takes: the GPUs it uses (``gpus``), or ``PIPELINE_TRAIN_POOL_SLOTS``.
+
+    Read where a DAG is parsed (its default) and where a run's task instances are made (the run's own, by
+    ``pipeline.admission`` in the api-server and scheduler): set the variable for every Airflow component."""
     return max(1, int(os.environ.get("PIPELINE_TRAIN_POOL_SLOTS", gpus)))
 
 

@@ -1,0 +1,102 @@
+"""Admission by the run's own size: a recipe DAG's ``train`` task instance takes as many slots of the
+training pool as THAT run's ranks, ``launch.nproc_per_node x launch.nnodes`` of the config its Params and
+conf make (``PIPELINE_TRAIN_POOL_SLOTS`` still overrides, as for the decorator's default).
+
+An Airflow cluster policy, ``task_instance_mutation_hook(task_instance, dag_run)`` (``airflow.policies``).
+Airflow 3.3 calls it where it creates a run's task instances (``DagRun.verify_integrity`` from
+``create_dagrun``: the api-server or CLI for a triggered run, the scheduler for a scheduled or
+asset-triggered one) and again where it re-reads them (a new DAG version, a clear:
+``TaskInstance.refresh_from_task``), all before the scheduler admits an instance by its row's
+``pool_slots``. ``plugins/airflow_local_settings.py`` installs it: Airflow puts the plugins folder on
+``sys.path`` before importing that module, in every component.
+
+It runs inside the scheduler's transaction, so it is cheap and never raises: no torch, no MLflow, no
+database access (Airflow forbids a commit there). A conf that does not make a valid config leaves the
+DAG's default slots; the task itself then fails with the config error. Only recipe DAGs (``dag_id`` a
+recipe's name, as ``recipe_dag`` makes them) are touched: a script DAG's ranks are fixed when its file
+is parsed (``TorchrunOperator``'s launch arguments), so its parse-time slots already are each run's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import lru_cache
+from typing import Any
+
+TRAIN_TASK_ID = "train"
+
+log = logging.getLogger(__name__)
+
+
+def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None:
+    """Set a recipe DAG's ``train`` instance's ``pool_slots`` to its run's ranks; leave anything else."""
+    if dag_run is None or task_instance.task_id != TRAIN_TASK_ID:
+        return  # no run yet (a TaskInstance being constructed): Airflow calls again with it
+    try:
+        recipe = recipe_of(task_instance.dag_id)
+        if recipe is None:
+            return
+        params = run_params(_dag_of(task_instance, dag_run), dag_run.conf, recipe)
+        slots = train_pool_slots(recipe, params)
+    except Exception as exc:  # a bad conf must not fail the scheduler: the task reports it
+        log.warning("pool slots of %s.%s for run %s left at %s: %s: %s", task_instance.dag_id,
+                    task_instance.task_id, getattr(dag_run, "run_id", "?"), task_instance.pool_slots,
+                    type(exc).__name__, exc)
+        return
+    if task_instance.pool_slots != slots:
+        task_instance.pool_slots = slots
+
+
+def recipe_of(dag_id: str) -> str | None:
+    """The recipe whose DAG ``dag_id`` is (``recipe_dag`` names a DAG after its recipe), or None."""
+    from pipeline.recipes import registry
+
+    return dag_id if dag_id in registry() else None
+
+
+def train_pool_slots(recipe: str, params: dict[str, Any]) -> int:
+    """Pool slots of a ``recipe`` run's training with the Params ``params`` (the form's values and conf)."""
+    from pipeline import settings
+
+    return settings.train_pool_slots(run_ranks(recipe, json.dumps(params, sort_keys=True, default=str)))
+
+
+@lru_cache(maxsize=256)
+def run_ranks(recipe: str, params_json: str) -> int:
+    """``launch.nproc_per_node x launch.nnodes`` of the run's config (raises ``ConfigError`` on a bad one)."""
+    from pipeline.recipes import get_recipe
+
+    launch = get_recipe(recipe).config_from_params(json.loads(params_json)).launch
+    return launch.nproc_per_node * launch.nnodes
+
+
+def run_params(dag: Any, conf: dict[str, Any] | None, recipe: str) -> dict[str, Any]:
+    """The Params a run's tasks see: the DAG's defaults (the recipe's when the DAG is not at hand), then
+    the run's conf, as Airflow merges them (``[core] dag_run_conf_overrides_params``, on by default)."""
+    params = getattr(dag, "params", None)
+    if params is not None and hasattr(params, "dump"):
+        merged = dict(params.dump())
+    else:
+        from pipeline.recipes import get_recipe
+
+        merged = {name: schema.get("default") for name, schema in get_recipe(recipe).airflow_params().items()}
+    if conf and _conf_overrides_params():
+        merged.update(conf)
+    return merged
+
+
+def _dag_of(task_instance: Any, dag_run: Any) -> Any:
+    try:  # an operator not yet bound to a DAG raises rather than answering None
+        dag = task_instance.task.dag
+    except Exception:
+        dag = None
+    return dag or getattr(dag_run, "dag", None)
+
+
+def _conf_overrides_params() -> bool:
+    try:
+        from airflow.configuration import conf
+    except ImportError:
+        return True
+    return conf.getboolean("core", "dag_run_conf_overrides_params", fallback=True)
