@@ -19,8 +19,9 @@ import numpy as np
 
 from pipeline.data import mds, sources, splits
 from pipeline.data import transform as row_transform
-from pipeline.data.schema import Plan, check_columns
+from pipeline.data.schema import check_columns
 from pipeline.data.stats import Stats
+from pipeline.data.types import Plan, Unit, key_hashes
 from pipeline.data.validate import BAD_EXAMPLES, conform, quarantine_rows
 from pipeline.errors import DataError
 from pipeline.processes import alive
@@ -44,7 +45,7 @@ CONVERT_BYTES_PER_S = {"parquet": 40e6, "csv": 12e6, "jsonl": 40e6, "idx": 55e6,
 MIN_WORK_PER_PROCESS = 2.0  # in units of WORKER_START_S
 
 
-def plan_workers(units: list[sources.Unit], fmt: str, requested: int) -> int:
+def plan_workers(units: list[Unit], fmt: str, requested: int) -> int:
     """How many processes (this one included, at most ``requested``) to convert ``units`` with: as
     many as the planned work keeps busy for ``MIN_WORK_PER_PROCESS`` start costs each, so that a
     small job runs in this process alone and a big one uses the pool."""
@@ -59,7 +60,7 @@ def plan_workers(units: list[sources.Unit], fmt: str, requested: int) -> int:
     return workers
 
 
-def convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) -> list[dict[str, Any]]:
+def convert(plan: Plan, units: list[Unit], tmp: Path, *, workers: int) -> list[dict[str, Any]]:
     """Convert every unit with ``workers`` processes, this one included; results in unit order.
 
     Every process takes the next unit not yet taken, in unit order, when it is ready for one, so no
@@ -98,7 +99,7 @@ def convert(plan: Plan, units: list[sources.Unit], tmp: Path, *, workers: int) -
 _next_unit = None  # a worker's handle on the shared index of the next unit to take
 
 
-def _take_units(plan: Plan, units: list[sources.Unit], tmp: str, next_unit=None) -> dict[int, Any]:
+def _take_units(plan: Plan, units: list[Unit], tmp: str, next_unit=None) -> dict[int, Any]:
     """Convert the next untaken unit until none is left; a bad unit ends this process's share (and
     stops the others taking more) with its DataError as its outcome."""
     next_unit = next_unit if next_unit is not None else _next_unit
@@ -154,7 +155,7 @@ def _parent_gone(plan: Plan) -> bool:
     return plan.parent_pid != os.getpid() and not alive(plan.parent_pid)
 
 
-def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
+def convert_unit(plan: Plan, unit: Unit, tmp: str) -> dict[str, Any]:
     """One unit -> ``tmp/SPLIT/part-NNNNN/`` MDS parts; returns rows, statistics and bad-row counts."""
     import pyarrow as pa
 
@@ -190,7 +191,7 @@ def convert_unit(plan: Plan, unit: sources.Unit, tmp: str) -> dict[str, Any]:
         else:
             keys = batch.keys
         if plan.key_column:
-            keys = splits.key_hashes(table.column(plan.key_column).to_pylist())
+            keys = key_hashes(table.column(plan.key_column).to_pylist())
         if plan.time_split is not None:
             codes = plan.time_split.assign(table)
         else:

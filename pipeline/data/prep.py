@@ -25,7 +25,8 @@ from pipeline.data import transform as row_transform
 from pipeline.data.publish import (  # noqa: F401  (the stage's public names, imported from here)
     MANIFEST, PREPROCESSING, QUARANTINE, STATS, read_manifest, read_preprocessing, read_stats,
 )
-from pipeline.data.schema import Plan, infer_plan  # noqa: F401
+from pipeline.data.schema import infer_plan
+from pipeline.data.types import Plan  # noqa: F401
 
 log = logging.getLogger(__name__)
 

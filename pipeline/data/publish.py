@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DataConfig
-from pipeline.data import mds, sources, splits
-from pipeline.data.schema import Plan
+from pipeline.data import mds, splits
 from pipeline.data.stats import Stats
+from pipeline.data.types import Plan, SourceFile
 from pipeline.data.validate import BAD_EXAMPLES
 from pipeline.errors import DataError
 from pipeline.processes import alive
@@ -88,7 +88,7 @@ def publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def describe(f: sources.SourceFile) -> dict[str, Any]:
+def describe(f: SourceFile) -> dict[str, Any]:
     import fsspec
 
     digest = hashlib.sha256()

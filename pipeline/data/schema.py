@@ -4,14 +4,13 @@ and MDS encoding, inferred from the first rows and the config, checked before an
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 
 from pipeline.config import DataConfig
 from pipeline.data import mds, sources, splits
-from pipeline.data.validate import text_to_numbers
+from pipeline.data.types import Batch, Input, Plan, Unit, text_to_numbers
 from pipeline.errors import ConfigError, DataError
 
 # A text feature column becomes categorical only when it looks like categories. Two kinds of text
@@ -29,45 +28,7 @@ TEXT_SAMPLE_ROWS = 4096
 _SCHEMA_BATCH_ROWS = 256
 
 
-@dataclass(kw_only=True)
-class Plan:
-    """What every worker needs: the columns' roles and encodings, and the preparation settings."""
-
-    fmt: str
-    columns: list[str]
-    label_column: str
-    label_kind: str  # "int" or "str"
-    key_column: str
-    numeric_columns: list[str]
-    categorical_columns: list[str]
-    image_columns: list[str]
-    array_columns: list[str]
-    encodings: dict[str, str]  # MDS column -> encoding; MDS columns are the input's columns
-    declared_classes: list[str]
-    text_columns: list[str] = field(default_factory=list)  # CSV: read as text, converted here per row
-    on_bad_rows: str = "fail"
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    split_seed: int = 0
-    compression: str | None = "zstd"
-    size_limit: int = 1 << 26
-    batch_rows: int = 65_536
-    parent_pid: int = 0  # workers stop when the process that started them is gone (killed)
-    # A recipe's row transform (pipeline.data.transform): ``columns`` are then its input and
-    # ``encodings`` are of the columns it returns.
-    transform: Any = None
-    time_split: Any = None  # a splits.TimeSplit when data.split_by is time or last_per_group
-
-    def schema(self) -> dict[str, Any]:
-        schema = {k: v for k, v in asdict(self).items() if k in (
-            "fmt", "columns", "label_column", "label_kind", "key_column", "numeric_columns",
-            "categorical_columns", "image_columns", "array_columns", "encodings")}
-        if self.transform is not None:
-            schema |= {"input_columns": self.columns, "columns": sorted(self.encodings)}
-        return schema
-
-
-def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig, transform: Any = None) -> Plan:
+def infer_plan(inp: Input, units: list[Unit], cfg: DataConfig, transform: Any = None) -> Plan:
     """Each column's role and MDS encoding, from the first rows' Arrow schema and the config; with a
     row ``transform``, the encodings of what it returns."""
     import pyarrow as pa
@@ -182,7 +143,7 @@ def infer_plan(inp: sources.Input, units: list[sources.Unit], cfg: DataConfig, t
     )
 
 
-def _first_batch(inp: sources.Input, units: list[sources.Unit]):
+def _first_batch(inp: Input, units: list[Unit]):
     """The first non-empty batch of the input, and the batches after it (a lazy iterator over the units)."""
     def batches():
         for unit in units:
@@ -195,7 +156,7 @@ def _first_batch(inp: sources.Input, units: list[sources.Unit]):
     return None, rest
 
 
-def _more_rows(batches: Iterator[sources.Batch], schema, rows: int) -> list[sources.Batch]:
+def _more_rows(batches: Iterator[Batch], schema, rows: int) -> list[Batch]:
     """Up to about ``rows`` more rows of the first batch's ``schema``. A batch that does not read (a
     CSV column changing type further down) or has another schema ends the sample: the conversion
     reports those rows and files one by one."""
@@ -212,7 +173,7 @@ def _more_rows(batches: Iterator[sources.Batch], schema, rows: int) -> list[sour
     return out
 
 
-def check_text_feature(name: str, batches: list[sources.Batch]) -> None:
+def check_text_feature(name: str, batches: list[Batch]) -> None:
     """Fail unless the sampled values of text feature column ``name`` look like categories: not
     numbers stored as text, not a distinct value per row (see NUMERIC_TEXT_FRACTION)."""
     values, where = [], []

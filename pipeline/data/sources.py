@@ -8,7 +8,6 @@ batches of bounded size, so no input is ever held in memory whole.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Iterator
@@ -16,6 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from pipeline.data import local_path
+from pipeline.data.types import Batch, Input, SourceFile, Unit, key_hashes, position_keys
 from pipeline.errors import DataError
 
 FORMATS = ("parquet", "csv", "jsonl", "idx", "image_folder")
@@ -23,48 +23,6 @@ _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _IDX_IMAGES = re.compile(r"^(?P<prefix>.*)-images-idx3-ubyte(\.gz)?$")
 _IDX_LABELS = "{prefix}-labels-idx1-ubyte"
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    uri: str  # what fsspec opens
-    relpath: str  # path below the input root: the file's identity in keys, errors and the manifest
-    size: int
-    partner: str = ""  # IDX: the labels file beside an images file
-    staged: tuple[str, ...] = ()  # IDX: local plain copies of (images, labels) that workers read
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One worker's share: a range of one file's row groups/rows, or a run of image files."""
-
-    index: int
-    files: tuple[SourceFile, ...]
-    start: int = 0
-    stop: int = -1  # exclusive; -1 is "to the end"
-    size_bytes: int = 0  # uncompressed input bytes, as far as known before reading: what the work is sized by
-
-
-@dataclass
-class Batch:
-    """A record batch, where each of its rows came from, and the rows' split keys."""
-
-    table: object  # pyarrow.RecordBatch or Table
-    origins: list[str]  # per row, or one entry for the whole batch
-    first_row: int  # row number within the origin file of the batch's first row (-1: per-row origins)
-    keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
-
-    def where(self, i: int) -> str:
-        if self.first_row < 0:
-            return self.origins[i]
-        return f"{self.origins[0]}: row {self.first_row + i}"
-
-
-@dataclass
-class Input:
-    fmt: str
-    root: str
-    files: list[SourceFile]
 
 
 def open_input(input_path: str, fmt: str = "auto") -> Input:
@@ -383,8 +341,6 @@ def _read_idx(unit: Unit, batch_rows: int) -> Iterator[Batch]:
 def _read_images(unit: Unit, batch_rows: int) -> Iterator[Batch]:
     import pyarrow as pa
 
-    from pipeline.data import splits
-
     for start in range(0, len(unit.files), batch_rows):
         chunk = unit.files[start:start + batch_rows]
         blobs = []
@@ -394,15 +350,4 @@ def _read_images(unit: Unit, batch_rows: int) -> Iterator[Batch]:
         labels = [PurePosixPath(f.relpath).parts[-2] for f in chunk]
         table = pa.record_batch({"image": pa.array(blobs, pa.binary()), "label": pa.array(labels, pa.string())})
         # An image's split follows its own path: adding images never moves the others.
-        yield Batch(table, [f.uri for f in chunk], -1, splits.key_hashes([f.relpath for f in chunk]))
-
-
-def position_keys(relpath: str, first_row: int, rows: int) -> np.ndarray:
-    """Split keys of rows keyed by position: the file's identity plus the row's number within it,
-    so rows appended to a file, or files added beside it, leave every existing row where it was."""
-    import hashlib
-
-    base = np.uint64(int.from_bytes(hashlib.blake2b(relpath.encode(), digest_size=8).digest(), "little"))
-    with np.errstate(over="ignore"):
-        return base + np.arange(first_row, first_row + rows, dtype=np.uint64)
-
+        yield Batch(table, [f.uri for f in chunk], -1, key_hashes([f.relpath for f in chunk]))

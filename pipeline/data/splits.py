@@ -7,6 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.data import sources
+from pipeline.data.types import as_text, text_to_numbers
+from pipeline.errors import ConfigError, DataError
+
 SPLITS = ("train", "val", "test")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -35,13 +39,6 @@ def assign(keys: np.ndarray, *, seed: int, val_fraction: float, test_fraction: f
     return codes
 
 
-def key_hashes(values: list) -> np.ndarray:
-    """Stable uint64 hashes of arbitrary key values (their text form), independent of the process."""
-    import pandas as pd
-
-    return pd.util.hash_array(np.asarray([str(v) for v in values], dtype=object)).astype(np.uint64)
-
-
 @dataclass(frozen=True)
 class TimeSplit:
     """Time-ordered splits (``data.split_by``): global cut-offs (``time``), or per-group cut-offs that
@@ -58,9 +55,7 @@ class TimeSplit:
         """Split code per row of a conformed batch (see ``assign``)."""
         times = np.asarray(table.column(self.time_column).to_numpy(zero_copy_only=False), dtype=np.float64)
         if self.group_column:
-            from pipeline.data.validate import _text
-
-            keys = _text(_array(table.column(self.group_column))).to_pylist()
+            keys = as_text(_array(table.column(self.group_column))).to_pylist()
             cuts = np.array([self.groups.get(g, _NO_HOLDOUT) for g in keys],
                             dtype=np.float64).reshape(len(times), 2)
             val_from, test_from = cuts[:, 0], cuts[:, 1]
@@ -98,8 +93,6 @@ def check_time_split(cfg, schema, origin: str) -> bool:
     """Whether ``cfg`` splits by time; its columns checked against the input's Arrow ``schema``."""
     import pyarrow as pa
 
-    from pipeline.errors import ConfigError, DataError
-
     if cfg.split_by == "hash":
         return False
     if not cfg.time_column:
@@ -124,10 +117,6 @@ def plan_time_split(cfg, inp, units, origin: str) -> TimeSplit:
     """One pass over the input's time (and group) column: the cut-offs every worker applies."""
     import pyarrow as pa
 
-    from pipeline.data import sources
-    from pipeline.data.validate import _text, text_to_numbers
-    from pipeline.errors import DataError
-
     times, groups = [], []
     for unit in units:
         for batch in sources.read_unit(unit, inp.fmt, batch_rows=cfg.batch_rows,
@@ -144,7 +133,7 @@ def plan_time_split(cfg, inp, units, origin: str) -> TimeSplit:
                                 f"{column[int(bad[0])].as_py()!r}; expected a number (data.split_by={cfg.split_by!r})")
             times.append(values)
             if cfg.group_column:
-                groups.append(_text(_array(batch.table.column(cfg.group_column))).to_numpy(zero_copy_only=False))
+                groups.append(as_text(_array(batch.table.column(cfg.group_column))).to_numpy(zero_copy_only=False))
     times = np.concatenate(times) if times else np.zeros(0)
     if not cfg.group_column or cfg.split_by == "time":
         val_from = float(np.quantile(times, 1 - cfg.test_fraction - cfg.val_fraction)) if cfg.val_fraction else _INF

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.data import mds, sources
-from pipeline.data.stats import MISSING
+from pipeline.data import mds
+from pipeline.data.types import Batch, Plan, as_text, text_to_numbers
 from pipeline.errors import DataError
-
-if TYPE_CHECKING:
-    from pipeline.data.schema import Plan
 
 BAD_EXAMPLES = 5  # bad rows quoted per worker, in the log and in the error of a run over data.max_bad_fraction
 
 
-def conform(batch: sources.Batch, plan: Plan):
+def conform(batch: Batch, plan: Plan):
     """The batch as the MDS columns expect it, and its bad rows as ``(row, column, problem)``, first
     problem per row, in row order."""
     import pyarrow as pa
@@ -50,20 +46,12 @@ def conform(batch: sources.Batch, plan: Plan):
             else:  # categorical or key: text, missing as ""
                 if name == plan.key_column:
                     flag(column.is_null().to_numpy(zero_copy_only=False), name, lambda i: "key is null; expected a value")
-                out[name] = _text(column)
+                out[name] = as_text(column)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, AttributeError) as exc:
             # A file whose column has another type than the first file's, with no per-value reading.
             raise DataError(f"{batch.origins[0]}: column {name!r} has type {column.type}, which does not convert "
                             f"to the column's encoding {encoding!r} ({exc})") from None
     return pa.table(out), [(i, *problems[i]) for i in sorted(problems)]
-
-
-def _text(column):
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    return column.cast(pa.string()).fill_null(MISSING)
 
 
 def _numbers(column, encoding: str, name: str, flag, expected: str):
@@ -80,7 +68,7 @@ def _numbers(column, encoding: str, name: str, flag, expected: str):
     elif pa.types.is_floating(column.type):
         values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
     else:
-        text = _text(column).to_numpy(zero_copy_only=False)
+        text = as_text(column).to_numpy(zero_copy_only=False)
         values, not_numbers = text_to_numbers(text)
         flag(not_numbers & ~null, name, lambda i: f"value {text[i]!r}; expected {'an integer' if integral else 'a number'}")
     finite = np.isfinite(values)
@@ -92,17 +80,6 @@ def _numbers(column, encoding: str, name: str, flag, expected: str):
     return pa.array(np.where(finite, values, 0.0).astype(encoding))
 
 
-def text_to_numbers(text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Text values as float64, and where a value is not a number (NaN there). ``nan`` is a number
-    (a non-finite one), and ``true``/``false`` are 1 and 0 (CSV booleans)."""
-    import pandas as pd
-
-    values = pd.to_numeric(pd.Series(text), errors="coerce").to_numpy(np.float64, copy=True)
-    lowered = np.char.lower(text.astype(str))
-    values[lowered == "true"], values[lowered == "false"] = 1.0, 0.0
-    return values, np.isnan(values) & (lowered != "nan")
-
-
 def _label(column, plan: Plan, flag):
     import pyarrow as pa
 
@@ -112,7 +89,7 @@ def _label(column, plan: Plan, flag):
     else:
         null = column.is_null().to_numpy(zero_copy_only=False)
         flag(null, name, lambda i: "label is null; expected a class label")
-        values = _text(column)
+        values = as_text(column)
     if plan.declared_classes:
         text = [str(v) for v in values.to_pylist()]
         allowed = set(plan.declared_classes)
@@ -174,7 +151,7 @@ def _arrays(column, name: str, flag):
     return column
 
 
-def quarantine_rows(batch: sources.Batch, problems: list[tuple[int, str, str]]):
+def quarantine_rows(batch: Batch, problems: list[tuple[int, str, str]]):
     """The bad rows as they came (text, images as bytes) with where and why, for quarantine.parquet."""
     import pyarrow as pa
 

@@ -10,7 +10,8 @@ import pytest
 
 from pipeline.data import prep
 from pipeline.data.demo import write_idx
-from pipeline.data.reading import TrainingData, _images, _plain_png, decode_columns
+from pipeline.data.reading import TrainingData
+from pipeline.data.shards import _images, _plain_png, decode_columns
 from tests.datafiles import cfg, table, write_image_folder, write_parquet
 
 

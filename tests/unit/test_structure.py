@@ -27,15 +27,16 @@ def _imports(path: Path, *, top_level_only: bool) -> set[str]:
     return {name for name in found if name.startswith("pipeline")}
 
 
-def test_modules_import_each_other_without_cycles():
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {name: {m for m in _imports(path, top_level_only=True) if m in modules and m != name}
+def _cycles(package: Path, *, top_level_only: bool) -> list[list[str]]:
+    """Import cycles among the modules under ``package``, each as the modules around it."""
+    modules = {_module_name(p): p for p in package.rglob("*.py")}
+    graph = {name: {m for m in _imports(path, top_level_only=top_level_only) if m in modules and m != name}
              for name, path in modules.items()}
     cycles, state = [], {}
 
     def visit(node, trail):
         state[node] = "open"
-        for nxt in graph[node]:
+        for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
                 cycles.append(trail[trail.index(nxt):] + [nxt])
             elif nxt not in state:
@@ -45,7 +46,18 @@ def test_modules_import_each_other_without_cycles():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-    assert cycles == []
+    return cycles
+
+
+def test_modules_import_each_other_without_cycles():
+    assert _cycles(PACKAGE, top_level_only=True) == []
+
+
+def test_data_modules_import_each_other_without_cycles_inside_functions_too():
+    # An import inside a function only hides a cycle until that function runs; in pipeline/data the
+    # shared types sit in types.py so that no such import is needed. (pipeline.launch's package
+    # __init__ still imports its operator lazily, which imports the package: not yet checked here.)
+    assert _cycles(PACKAGE / "data", top_level_only=False) == []
 
 
 def test_stages_reach_the_launcher_only_through_its_interface():
