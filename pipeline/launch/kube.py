@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from pipeline.launch import kube_state
+from pipeline.launch.kube_state import failed_nodes, failed_what, is_started, job_condition, node_of, schedule_state
 from pipeline.launch.kube_manifest import CONTAINER, Manifests, build, object_name
 from pipeline.launch.spec import JobSpec
 from pipeline.launch.supervisor import Attempt, Ended
@@ -137,8 +137,8 @@ class LogStreams:
     def follow(self, pods: list) -> None:
         for pod in pods:
             name = pod.metadata.name
-            if name not in self.threads and kube_state.is_started(pod):
-                thread = threading.Thread(target=self._run, args=(name, kube_state.node_of(pod)), daemon=True,
+            if name not in self.threads and is_started(pod):
+                thread = threading.Thread(target=self._run, args=(name, node_of(pod)), daemon=True,
                                           name=f"log-{name}")
                 self.threads[name] = thread
                 thread.start()
@@ -225,9 +225,9 @@ class KubernetesPlace:
             return Ended("stopped")
         job, pods = self.cluster.job(m), self.cluster.pods(m)
         logs.follow(pods)
-        ended = kube_state.job_condition(job)
+        ended = job_condition(job)
         if not self._running:
-            state, detail, hopeless = kube_state.schedule_state(job, pods, nnodes)
+            state, detail, hopeless = schedule_state(job, pods, nnodes)
             if state == "ready" or (ended and ended[0] == "Complete"):
                 self._emit(f"all {nnodes} pod(s) of {m.name} are running")
                 self._running = True
@@ -241,7 +241,7 @@ class KubernetesPlace:
                     return Ended("not_started", f"the pods of Job {m.name} were not all running within launch."
                                                 f"kubernetes.schedule_timeout_s={self.spec.launch.kubernetes.schedule_timeout_s:g}s: {detail}")
                 return None
-        failed = {kube_state.node_of(p): (p.metadata.name, kube_state.failure(p)) for p in pods if kube_state.failure(p)}
+        failed = failed_nodes(pods)
         if failed or (ended and ended[0] == "Failed"):
             logs.join(timeout_s=10, pods=[pod for pod, _ in failed.values()])  # the failed pods' last lines first
             return Ended("failed", f"Job {m.name}: {failed_what(failed, ended)}")
@@ -270,14 +270,6 @@ class KubernetesPlace:
         if not self.cluster.wait_gone(m, timeout_s=grace_period_s + GONE_TIMEOUT_S):
             log.warning("Job %s/%s still present %ss after its foreground deletion", m.namespace, m.name,
                         grace_period_s + GONE_TIMEOUT_S)
-
-
-def failed_what(failed: dict[int, tuple[str, str]], ended: tuple[str, str] | None) -> str:
-    """Which node failed and how (the lowest failed node), or the Job's own reason."""
-    if failed:
-        node, (pod, how) = min(failed.items())
-        return f"node {node} (pod {pod}) {how}"
-    return f"the Job failed ({ended[1] if ended else 'unknown'})"
 
 
 def client_settings(client) -> dict[str, Any]:

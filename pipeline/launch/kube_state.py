@@ -110,3 +110,16 @@ def schedule_state(job: Any, pods: list[Any], nnodes: int) -> tuple[str, str, bo
         hopeless |= fatal
         lines.append(f"node {node} ({pod.metadata.name}): {reason}")
     return ("waiting" if lines else "ready"), "; ".join(lines), hopeless
+
+
+def failed_nodes(pods: list[Any]) -> dict[int, tuple[str, str]]:
+    """Node -> (pod name, how it failed) for every failed pod."""
+    return {node_of(p): (p.metadata.name, failure(p)) for p in pods if failure(p)}
+
+
+def failed_what(failed: dict[int, tuple[str, str]], ended: tuple[str, str] | None) -> str:
+    """Which node failed and how (the lowest failed node), or the Job's own reason."""
+    if failed:
+        node, (pod, how) = min(failed.items())
+        return f"node {node} (pod {pod}) {how}"
+    return f"the Job failed ({ended[1] if ended else 'unknown'})"

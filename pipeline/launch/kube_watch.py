@@ -15,8 +15,7 @@ import logging
 import time
 from typing import Any
 
-from pipeline.launch import kube_state
-from pipeline.launch.kube import failed_what
+from pipeline.launch.kube_state import failed_nodes, failed_what, is_started, job_condition, node_of, schedule_state
 from pipeline.launch.kube_manifest import CONTAINER, JOB_LABEL
 from pipeline.launch.supervisor import Ended
 
@@ -53,12 +52,12 @@ class PodsWatch:
         job = await batch.read_namespaced_job(self.name, self.namespace)
         pods = (await core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={self.name}")).items
         for pod in pods:
-            if pod.metadata.name not in self.streams and kube_state.is_started(pod):
+            if pod.metadata.name not in self.streams and is_started(pod):
                 self.streams[pod.metadata.name] = asyncio.create_task(
-                    self._stream(core, pod.metadata.name, kube_state.node_of(pod)))
-        ended = kube_state.job_condition(job)
+                    self._stream(core, pod.metadata.name, node_of(pod)))
+        ended = job_condition(job)
         if not self.running:
-            state, detail, hopeless = kube_state.schedule_state(job, pods, self.nnodes)
+            state, detail, hopeless = schedule_state(job, pods, self.nnodes)
             if state == "ready" or (ended and ended[0] == "Complete"):
                 self.running = True
                 self.log.info("all %d pod(s) of %s are running", self.nnodes, self.name)
@@ -72,7 +71,7 @@ class PodsWatch:
                     return Ended("not_started", f"the pods of Job {self.name} were not all running within "
                                                 f"launch.kubernetes.schedule_timeout_s={self.schedule_timeout_s:g}s: {detail}")
                 return None
-        failed = {kube_state.node_of(p): (p.metadata.name, kube_state.failure(p)) for p in pods if kube_state.failure(p)}
+        failed = failed_nodes(pods)
         if failed or (ended and ended[0] == "Failed"):
             ended_streams = [self.streams[pod] for pod, _ in failed.values() if pod in self.streams]
             if ended_streams:

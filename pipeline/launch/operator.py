@@ -68,32 +68,34 @@ class TorchrunOperator(BaseOperator):
                                "map_index": str(map_index), "try_number": str(ti.try_number)})
 
     def execute(self, context) -> Any:
-        spec = self._spec(context)
         started = time.time()
-        if self.launch.kind == "kubernetes" and self.launch.kubernetes.deferrable:
-            from pipeline.launch import deferred
-
-            deferred.start(self, spec, restart=0, started=started)
-        from pipeline.launch.supervisor import Job
-
-        self._job = Job(spec)
         with user_errors_fail():
+            spec = self._spec(context)
+            if spec.launch.kind == "kubernetes" and spec.launch.kubernetes.deferrable:
+                from pipeline.launch.deferred import start as defer_attempt
+
+                defer_attempt(self, spec, restart=0, started=started)
+            from pipeline.launch.supervisor import Job
+
+            self._job = Job(spec)
             result = self._job.run(emit=self.log.info)
-        return self._result(result or {}, spec.job_dir, time.time() - started)
+            return self._result(context, spec, result, time.time() - started)
 
     def execute_complete(self, context, event: dict[str, Any], restart: int, started: float) -> Any:
         """Back from the triggerer (``launch.kubernetes.deferrable``): tear the attempt down, then rank 0's
         result, a user error without retries, a replacement attempt within ``max_restarts``, or the failure."""
-        from pipeline.launch import deferred
+        from pipeline.launch.deferred import complete as complete_attempt
 
-        spec = self._spec(context)
         with user_errors_fail():
-            result = deferred.complete(self, spec, event, restart=restart, started=started)
-        return self._result(result or {}, spec.job_dir, time.time() - started)
+            spec = self._spec(context)
+            result = complete_attempt(self, spec, event, restart=restart, started=started)
+            return self._result(context, spec, result, time.time() - started)
 
-    def _result(self, result: Any, folder: Path, wall_s: float) -> Any:
+    def _result(self, context, spec, result: Any, wall_s: float) -> Any:
+        """The task's XCom: rank 0's result with the job's folder and wall time."""
+        result = {} if result is None else result
         if isinstance(result, dict):
-            return {**result, "job_dir": str(folder), "wall_s": round(wall_s, 3)}
+            return {**result, "job_dir": str(spec.job_dir), "wall_s": round(wall_s, 3)}
         return result
 
     def on_kill(self) -> None:

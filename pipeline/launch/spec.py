@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.config import LaunchConfig, PipelineConfig
-from pipeline.errors import ConfigError
 
 # launch.kind -> the place that runs its attempts (pipeline.launch.supervisor.Place), imported on use.
 PLACES = {"local": "pipeline.launch.local:LocalPlace", "kubernetes": "pipeline.launch.kube:KubernetesPlace"}

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeline.errors import RankUserError, TrainingFailed, UserError
+from pipeline.errors import TrainingFailed, UserError
 from pipeline.launch.local import run_torchrun
 from tests.processes import cmdline, pids_with, wait_until_gone
 
