@@ -50,7 +50,7 @@ def main() -> None:
     dataset = stages.prepare_data(cfg, stages.RunInfo("bench", "prep"))
     config_path = home / "config.json"
     config_path.write_text(json.dumps(cfg.to_dict()))
-    print(f"{args.rows:,} rows ({dataset['rows']}), {args.epochs} epochs, batch {args.batch_size}, "
+    print(f"{args.rows:,} rows ({dataset.rows}), {args.epochs} epochs, batch {args.batch_size}, "
           f"{args.nproc} ranks, checkpoint every {args.checkpoint_every} steps", flush=True)
 
     minimal, pipeline = [], []
@@ -59,7 +59,7 @@ def main() -> None:
         started = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-             str(ROOT / "bench" / "minimal_ddp.py"), "--config", str(config_path), "--dataset", dataset["uri"],
+             str(ROOT / "bench" / "minimal_ddp.py"), "--config", str(config_path), "--dataset", dataset.uri,
              "--out", str(out)],
             check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -67,13 +67,14 @@ def main() -> None:
         print(f"(a) minimal DDP loop   run {i + 1}: {minimal[-1]:9,.0f} samples/s  "
               f"(process wall {time.perf_counter() - started:.1f}s)", flush=True)
         started = time.perf_counter()
-        result = stages.train(cfg, stages.RunInfo("bench", f"pipeline-{i}"), dataset)
+        trained = stages.train(cfg, stages.RunInfo("bench", f"pipeline-{i}"), dataset)
+        result = trained.details
         pipeline.append(result["throughput"]["samples_per_s"])
         checkpoints = len(list(Path(result["out_dir"]).glob("checkpoints/step-*")))
         print(f"(b) pipeline train     run {i + 1}: {pipeline[-1]:9,.0f} samples/s  "
               f"(process wall {time.perf_counter() - started:.1f}s, data-wait "
               f"{result['throughput']['data_wait_fraction']:.0%}, {checkpoints} checkpoints kept, "
-              f"{result['steps']} steps, MLflow run {result['mlflow_run_id']})", flush=True)
+              f"{result['steps']} steps, MLflow run {trained.mlflow_run_id})", flush=True)
     a, b = statistics.median(minimal), statistics.median(pipeline)
     print(f"\nmedian samples/s: (a) minimal {a:,.0f}   (b) pipeline {b:,.0f}   ratio (b)/(a) = {b / a:.3f} "
           f"(target >= 0.95)")

@@ -47,7 +47,8 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
             return prepared
 
         # Admission by GPUs: the training workers' queue, and as many slots of the training pool as the
-        # default config's ranks use (a deployment's `gpu` pool has one slot per GPU).
+        # run's ranks use (a deployment's `gpu` pool has one slot per GPU). Here the default config's:
+        # the cluster policy pipeline.admission sets each run's instance to its own Params and conf's.
         launch = recipe.config().launch
         @task(queue=settings.train_queue(), pool=settings.train_pool(),
               pool_slots=settings.train_pool_slots(launch.nproc_per_node * launch.nnodes))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import settings
+from pipeline.results import Promotion
 
 DEFAULT_RECIPE = "tabular_mlp"
 
@@ -66,27 +67,25 @@ def migrate_airflow_db() -> None:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
 
 
-def human_summary(summary: dict[str, Any], total_s: float) -> str:
-    metrics = summary["test_metrics"]
+def human_summary(summary: Promotion, total_s: float) -> str:
+    metrics, dataset, model = summary.test_metrics, summary.dataset, summary.model
     baseline = f" (majority class {metrics['majority_rate']:.4f})" if "majority_rate" in metrics else ""
     lines = [
         "",
         "=" * 72,
-        f"dataset   {summary['dataset']['uri']} (version {summary['dataset']['version']}"
-        f"{', reused' if summary['dataset']['reused'] else ''})",
-        f"rows      " + ", ".join(f"{k} {v:,}" for k, v in summary["dataset"]["rows"].items()),
-        f"model     {summary['model']['name']} version {summary['model']['version']} "
-        f"aliases {summary['model']['aliases']}",
+        f"dataset   {dataset.uri} (version {dataset.version}{', reused' if dataset.reused else ''})",
+        f"rows      " + ", ".join(f"{k} {v:,}" for k, v in dataset.rows.items()),
+        f"model     {model.name} version {model.version} aliases {list(model.aliases)}",
         "test      " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("rows", "majority_rate"))
         + baseline,
     ]
-    champion = summary["champion_before"]
+    champion = summary.champion_before
     if champion:
-        lines.append(f"champion  version {champion['version']} before this run: "
-                     + ", ".join(f"{k} {v:.4f}" for k, v in champion["metrics"].items() if k != "rows"))
+        lines.append(f"champion  version {champion.version} before this run: "
+                     + ", ".join(f"{k} {v:.4f}" for k, v in champion.metrics.items() if k != "rows"))
     lines += [
-        f"promotion {'promoted' if summary['promoted'] else 'not promoted'}: {summary['reason']}",
-        "stages    " + ", ".join(f"{k} {v:.1f}s" for k, v in summary["wall_s"].items()) + f"; total {total_s:.1f}s",
+        f"promotion {'promoted' if summary.promoted else 'not promoted'}: {summary.reason}",
+        "stages    " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.wall_s.items()) + f"; total {total_s:.1f}s",
         "=" * 72,
     ]
     return "\n".join(lines)
@@ -114,17 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     if state != "success" or not summary_path.exists():
         print(f"DAG run {dag_run.run_id} ended in state {state}; see the task logs above", file=sys.stderr)
         return 1
-    summary = json.loads(summary_path.read_text())
+    summary = Promotion.from_xcom(json.loads(summary_path.read_text()))
     total_s = time.perf_counter() - started
     print(human_summary(summary, total_s))
+    baseline = summary.train.baseline_metrics
     print(json.dumps({
         "dag_run_id": dag_run.run_id,
-        "dataset": summary["dataset"],
-        "model": summary["model"],
-        "test_metrics": summary["test_metrics"],
-        **({"before_training": summary["train"]["baseline_metrics"]} if "baseline_metrics" in summary["train"] else {}),
-        "promoted": summary["promoted"],
-        "wall_s": summary["wall_s"] | {"total": round(total_s, 3)},
+        "dataset": summary.dataset.to_xcom(),
+        "model": summary.model.to_xcom(),
+        "test_metrics": summary.test_metrics,
+        **({"before_training": baseline} if baseline is not None else {}),
+        "promoted": summary.promoted,
+        "wall_s": summary.wall_s | {"total": round(total_s, 3)},
     }))
     return 0
 

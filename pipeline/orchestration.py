@@ -9,14 +9,18 @@ from airflow.sdk import BaseOperatorLink
 
 from pipeline.config import PipelineConfig
 from pipeline.errors import InfraError, UserError
+from pipeline.results import Approval, Evaluation, Result, from_xcom_as
 from pipeline.run import RunInfo
 
 
 def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str, Any]], PipelineConfig], *args: Any) -> Any:
     """Call ``stage(cfg, run, *args)`` for the current task instance.
 
-    A ``UserError`` (bad config or data) becomes ``AirflowFailException``: retrying cannot fix it,
-    so the task fails at once with the message that says what to change.
+    The XCom boundary: an argument whose parameter is annotated with a ``pipeline.results`` type is
+    parsed from its XCom value (a wrong shape fails naming the field), and a result the stage returns
+    goes back as its ``to_xcom()``. A ``UserError`` (bad config or data, a malformed input) becomes
+    ``AirflowFailException``: retrying cannot fix it, so the task fails at once with the message that
+    says what to change.
     """
     from airflow.sdk import get_current_context
     from airflow.sdk.exceptions import AirflowFailException
@@ -31,10 +35,19 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
     )
     try:
         cfg = config_from_params(dict(context["params"]))
-        return stage(cfg, run, *args)
+        outcome = stage(cfg, run, *typed_args(stage, args))
     except UserError as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+    return outcome.to_xcom() if isinstance(outcome, Result) else outcome
 
+
+def typed_args(stage: Callable[..., Any], args: tuple[Any, ...]) -> list[Any]:
+    """``args`` (XCom values) for ``stage(cfg, run, *args)``, each converted by its parameter's annotation."""
+    import inspect
+
+    parameters = list(inspect.signature(stage, eval_str=True).parameters.values())[2:]
+    return [from_xcom_as(p.annotation, value, f"{stage.__name__}'s argument {p.name!r}")
+            for p, value in zip(parameters, args)]
 
 
 def route_mlflow_logging() -> None:
@@ -105,20 +118,31 @@ def promotion_approval(*, task_id: str = "approve", evaluate_task_id: str = "eva
     from airflow.providers.standard.operators.hitl import HITLOperator
 
     class PromotionApproval(HITLOperator):
+        """Its XCom is an ``Approval``: its own answer, or the person's (``execute_complete``)."""
+
         def execute(self, context):
             if not context["params"].get("require_approval"):
-                return {"chosen_options": ["Approve"], "responded_by_user": "not required"}
-            evaluation = context["ti"].xcom_pull(task_ids=evaluate_task_id)
-            gate = evaluation["gate"]
-            if not gate["passed"]:
-                return {"chosen_options": ["Reject"], "responded_by_user": "gate failed"}
-            challenger = evaluation["challenger"]
+                return Approval(chosen_options=("Approve",), responded_by_user="not required").to_xcom()
+            evaluation = Evaluation.from_xcom(context["ti"].xcom_pull(task_ids=evaluate_task_id))
+            gate, challenger = evaluation.gate, evaluation.challenger
+            if not gate.passed:
+                return Approval(chosen_options=("Reject",), responded_by_user="gate failed").to_xcom()
             self.body = (
-                f"Challenger version {challenger['version']} passed the gate: {gate['reason']}.\n\n"
-                f"Test metrics: " + ", ".join(f"{k} {v:.4f}" for k, v in challenger["metrics"].items())
-                + f"\n\nReport: {evaluation['report']}"
+                f"Challenger version {challenger.version} passed the gate: {gate.reason}.\n\n"
+                f"Test metrics: " + ", ".join(f"{k} {v:.4f}" for k, v in challenger.metrics.items())
+                + f"\n\nReport: {evaluation.report}"
             )
             return super().execute(context)
+
+        def execute_complete(self, context, event):
+            answer = super().execute_complete(context, event)
+            who = answer.get("responded_by_user")  # {"id", "name"}; none when the timeout chose the defaults
+            if isinstance(who, dict):
+                who = who.get("name") or who.get("id")
+            responded_at = answer.get("responded_at")
+            return Approval(chosen_options=tuple(answer.get("chosen_options") or ("Reject",)),
+                            responded_by_user=str(who or "nobody (timed out)"),
+                            responded_at=getattr(responded_at, "isoformat", lambda: responded_at)()).to_xcom()
 
     return PromotionApproval(
         task_id=task_id,

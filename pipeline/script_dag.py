@@ -49,7 +49,9 @@ def script_dag(dag_id: str, *, entry: Sequence[str], recipe_name: str = "llm_sft
         def open_run(prepared: dict) -> dict:
             return run_stage(script_stages.open_run, config_from_params, prepared)
 
-        # Admitted as the recipe DAGs' train task: the training workers' queue and pool (pipeline.settings).
+        # Admitted as the recipe DAGs' train task: the training workers' queue and pool (pipeline.settings),
+        # one slot per rank. Its ranks are fixed here (the operator's launch), so these slots are every run's
+        # (pipeline.admission leaves script DAGs alone).
         train = TorchrunOperator(
             task_id="train", entry=list(entry), no_python=no_python, nproc_per_node=nproc_per_node,
             queue=settings.train_queue(), pool=settings.train_pool(),

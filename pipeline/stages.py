@@ -1,5 +1,8 @@
 """The pipeline's stages. Each DAG task is one call to one of these functions.
 
+They take and return the typed results of ``pipeline.results``; ``pipeline.orchestration.run_stage``
+converts them from and to XCom by these functions' annotations.
+
 Light at import (the DAG processor imports this module): torch, mlflow, pyarrow and streaming
 are imported inside the functions that need them.
 """
@@ -14,7 +17,11 @@ from typing import Any
 
 from pipeline import settings
 from pipeline.config import PipelineConfig
-from pipeline.data import dataset_uris
+from pipeline.evaluate.evaluator import Evaluator
+from pipeline.results import (
+    Approval, DatasetSummary, Evaluation, Gate, ModelScore, ModelSummary, PreparedData, Promotion, RegisteredModel,
+    TrainedModel, TrainingSummary,
+)
 from pipeline.run import RunInfo
 
 __all__ = ["RunInfo", "prepare_data", "prepare_interval", "train", "register_model", "evaluate", "promote"]
@@ -22,16 +29,16 @@ __all__ = ["RunInfo", "prepare_data", "prepare_interval", "train", "register_mod
 log = logging.getLogger(__name__)
 
 
-def lineage_tags(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[str, str]:
+def lineage_tags(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> dict[str, str]:
     from pipeline.registry.tracking import code_version
 
     return run.tags() | {
-        "dataset.uri": dataset["uri"], "dataset.version": dataset["version"],
+        "dataset.uri": dataset.uri, "dataset.version": dataset.version,
         "config.digest": cfg.digest(), "code.version": code_version(),
     }
 
 
-def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | None = None) -> dict[str, Any]:
+def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | None = None) -> PreparedData:
     """Publish (or find) the MDS dataset version of the configured input. A run that daily datasets
     triggered (``window``: the dataset and its newest interval's end) reads the newest
     ``data.window_intervals`` of them instead."""
@@ -39,8 +46,8 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | Non
 
     if window:
         dataset = windows.resolve(settings.data_dir(), window["dataset"], window["end"], cfg.data.window_intervals)
-        log.info("training on the window %s of %s: versions %s", dataset["interval"], window["dataset"],
-                 dataset["versions"])
+        log.info("training on the window %s of %s: versions %s", dataset.interval, window["dataset"],
+                 list(dataset.versions))
         return dataset
     from pipeline.data.prep import prepare
 
@@ -49,7 +56,7 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | Non
     return windows.summary(manifest, round(time.perf_counter() - started, 3))
 
 
-def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> dict[str, Any]:
+def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedData:
     """Publish (or find) dataset ``name``'s version of the run's data interval (its input partitions)."""
     from pipeline.data import windows
     from pipeline.data.prep import prepare
@@ -64,9 +71,11 @@ def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> dict[str, 
     return windows.summary(manifest, round(time.perf_counter() - started, 3))
 
 
-def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[str, Any]:
-    """Run ``pipeline.train`` for the config's recipe on the configured launcher; return rank 0's result."""
-    from pipeline.launch.spec import Job, JobSpec
+def train(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> TrainedModel:
+    """Run ``pipeline.train`` for the config's recipe on the configured launcher; return the trained model
+    (rank 0's result file, with the MLflow run's address)."""
+    from pipeline.launch.spec import JobSpec
+    from pipeline.launch.supervisor import Job
     from pipeline.registry import tracking
 
     started = time.perf_counter()
@@ -75,13 +84,13 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
         tracking.log_params_once(mlflow_run_id, cfg.as_params() | {
             "recipe": cfg.RECIPE, "launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)})
         tracking.log_dataset_input(
-            mlflow_run_id, name=cfg.registry.model_name, digest=dataset["version"], source_uri=dataset["uri"],
-            profile={"rows": dataset["rows"]},
+            mlflow_run_id, name=cfg.registry.model_name, digest=dataset.version, source_uri=dataset.uri,
+            profile={"rows": dataset.rows},
         )
     # Keyed by DAG, run and task, not by try: a retry resumes from the checkpoints the last try left.
     spec = JobSpec(
         entry=["-m", "pipeline.train", "--recipe", cfg.RECIPE, "--config", str(run.job_dir("train") / "config.json"),
-               "--out", str(run.job_dir("train")), *(arg for uri in dataset_uris(dataset) for arg in ("--dataset", uri))],
+               "--out", str(run.job_dir("train")), *(arg for uri in dataset.uris for arg in ("--dataset", uri))],
         job_dir=run.job_dir("train"), launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
         try_number=run.try_number, labels={"dag_id": run.dag_id, "run_id": run.run_id, "task_id": "train",
                                            "try_number": str(run.try_number)},
@@ -96,13 +105,18 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any]) -> dict[st
         raise RuntimeError(f"training ended without writing {spec.files.result}")
     from pipeline.registry.links import run_url
 
-    result["mlflow_experiment_id"] = tracking.experiment_id_of(mlflow_run_id)
-    result["mlflow_url"] = run_url(result["mlflow_experiment_id"], mlflow_run_id)
-    result["wall_s"] = round(time.perf_counter() - started, 3)
-    return result
+    experiment_id = tracking.experiment_id_of(mlflow_run_id)
+    # Rank 0's result file: the contract's fields, and the rest (steps, resumed_from, throughput) as details.
+    named = ("model_files", "metrics", "world_size", "backend", "dataset_version", "samples_per_s",
+             "baseline_metrics", "unsent_metrics_path")
+    return TrainedModel.from_xcom({key: result[key] for key in named if key in result} | {
+        "mlflow_run_id": mlflow_run_id, "mlflow_experiment_id": experiment_id,
+        "mlflow_url": run_url(experiment_id, mlflow_run_id), "wall_s": round(time.perf_counter() - started, 3),
+        "details": {k: v for k, v in result.items() if k not in named and k != "mlflow_run_id"},
+    })
 
 
-def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
+def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, trained: TrainedModel) -> RegisteredModel:
     """Register the trained model (the recipe's self-contained package) once per DAG run and point
     ``challenger`` at it."""
     from pipeline.data.reading import TrainingData
@@ -111,31 +125,28 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], t
 
     started = time.perf_counter()
     spec = _train_spec(cfg)
-    data = TrainingData.open(dataset_uris(dataset), run.workdir / "register" / "cache")
+    data = TrainingData.open(list(dataset.uris), run.workdir / "register" / "cache")
     with tracking.reachable("register the model"):
-        replayed = replay_spill(Path(trained["unsent_metrics_path"]),
-                                mlflow_sender(tracking.client(), trained["mlflow_run_id"]))
-        if replayed:
-            log.info("sent %d metric values that training could not deliver", replayed)
+        if trained.unsent_metrics_path is not None:
+            replayed = replay_spill(Path(trained.unsent_metrics_path),
+                                    mlflow_sender(tracking.client(), trained.mlflow_run_id))
+            if replayed:
+                log.info("sent %d metric values that training could not deliver", replayed)
         version, created = models.log_and_register(
-            run_id=trained["mlflow_run_id"], model_name=cfg.registry.model_name, run_key=run.key,
-            package=spec.package(trained, data, cfg=cfg), tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE},
+            run_id=trained.mlflow_run_id, model_name=cfg.registry.model_name, run_key=run.key,
+            package=spec.package(cfg, trained, data), tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE},
         )
         models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
     from pipeline.registry.links import model_version_url
 
-    return {
-        "model_name": cfg.registry.model_name,
-        "version": version,
-        "created": created,
-        "mlflow_run_id": trained["mlflow_run_id"],
-        "mlflow_experiment_id": trained["mlflow_experiment_id"],
-        "mlflow_url": model_version_url(cfg.registry.model_name, version),
-        "wall_s": round(time.perf_counter() - started, 3),
-    }
+    return RegisteredModel(
+        model_name=cfg.registry.model_name, version=version, created=created, mlflow_run_id=trained.mlflow_run_id,
+        mlflow_experiment_id=trained.mlflow_experiment_id,
+        mlflow_url=model_version_url(cfg.registry.model_name, version), wall_s=round(time.perf_counter() - started, 3),
+    )
 
 
-def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registered: dict[str, Any]) -> dict[str, Any]:
+def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registered: RegisteredModel) -> Evaluation:
     """Score challenger and champion on the same frozen test split, apply the gate, write the report.
 
     A champion that takes other inputs (another recipe, another table's columns) is not comparable:
@@ -148,23 +159,23 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
     started = time.perf_counter()
     spec = _train_spec(cfg)
     evaluator = spec.evaluator
-    name, run_id = cfg.registry.model_name, registered["mlflow_run_id"]
+    name, run_id, version = cfg.registry.model_name, registered.mlflow_run_id, registered.version
     # The test split of every version the model was trained on (a window's, or the one version's).
-    data = TrainingData.open(dataset_uris(dataset), run.workdir / "evaluate" / "cache")
-    inputs, labels = spec.evaluation_inputs(data, "test", cfg=cfg)
+    data = TrainingData.open(list(dataset.uris), run.workdir / "evaluate" / "cache")
+    inputs, labels = spec.evaluation_inputs(cfg, data, "test")
     classes = data.preprocessing.get("label_classes", [])
     with tracking.reachable("evaluate the registered models"):
         challenger_version = models.version_by_alias(name, models.CHALLENGER)
-        if challenger_version is None or str(challenger_version.version) != registered["version"]:
-            raise RuntimeError(f"alias {models.CHALLENGER!r} of {name} no longer points at version {registered['version']}")
+        if challenger_version is None or str(challenger_version.version) != version:
+            raise RuntimeError(f"alias {models.CHALLENGER!r} of {name} no longer points at version {version}")
         champion_version = models.version_by_alias(name, models.CHAMPION)
-        if champion_version is not None and str(champion_version.version) == registered["version"]:
+        if champion_version is not None and str(champion_version.version) == version:
             champion_version = None  # a re-run of the run that made the champion
         scored: dict[str, dict[str, Any] | None] = {models.CHALLENGER: _score(
-            evaluator, cfg, name, models.CHALLENGER, registered["version"], inputs, labels), models.CHAMPION: None}
+            evaluator, cfg, name, models.CHALLENGER, version, inputs, labels), models.CHAMPION: None}
         mismatch = None
         if champion_version is not None:
-            mismatch = _input_mismatch(name, str(champion_version.version), registered["version"])
+            mismatch = _input_mismatch(name, str(champion_version.version), version)
             if mismatch is None:
                 scored[models.CHAMPION] = _score(evaluator, cfg, name, models.CHAMPION, str(champion_version.version),
                                                  inputs, labels)
@@ -187,21 +198,21 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], registe
                                        decision=decision.to_dict())
         for path in files:
             mlflow_client.log_artifact(run_id, str(path), artifact_path="evaluation")
-        models.tag_version(name, registered["version"], decision.tags() | {
+        models.tag_version(name, version, decision.tags() | {
             f"test_{k}": round(v, 6) for k, v in challenger["metrics"].items()
-        } | {"validation.test_rows": len(labels), "validation.dataset_version": dataset["version"]})
-    log.info("evaluation of %s on %d test rows (dataset %s):\n%s", name, len(labels), dataset["version"],
+        } | {"validation.test_rows": len(labels), "validation.dataset_version": dataset.version})
+    log.info("evaluation of %s on %d test rows (dataset %s):\n%s", name, len(labels), dataset.version,
              evaluator.text_summary(classes, scored, decision.to_dict()))
-    return {
-        "challenger": {k: challenger[k] for k in ("version", "metrics")},
-        "champion": {k: champion[k] for k in ("version", "metrics")} if champion else None,
-        "champion_not_comparable": mismatch,
-        "gate": decision.to_dict(),
-        "test_rows": int(len(labels)),
-        "report": str(report_dir / "report.html"),
-        "mlflow_url": run_url(registered["mlflow_experiment_id"], run_id) + "/artifacts/evaluation/report.html",
-        "wall_s": round(time.perf_counter() - started, 3),
-    }
+    return Evaluation(
+        challenger=ModelScore(version=challenger["version"], metrics=challenger["metrics"]),
+        champion=ModelScore(version=champion["version"], metrics=champion["metrics"]) if champion else None,
+        champion_not_comparable=mismatch,
+        gate=Gate(**decision.to_dict()),
+        test_rows=int(len(labels)),
+        report=str(report_dir / "report.html"),
+        mlflow_url=run_url(registered.mlflow_experiment_id, run_id) + "/artifacts/evaluation/report.html",
+        wall_s=round(time.perf_counter() - started, 3),
+    )
 
 
 def _train_spec(cfg: PipelineConfig):
@@ -210,15 +221,10 @@ def _train_spec(cfg: PipelineConfig):
     return get_recipe(cfg.RECIPE).load_train_spec()
 
 
-def _score(evaluator, cfg: PipelineConfig, name: str, alias: str, version: str, inputs, labels) -> dict[str, Any]:
-    """One registered version's metrics: its pyfunc's output scored by the evaluator, or, for an evaluator
-    with ``score_model`` (a language model's loss needs the model itself), what that returns."""
-    if hasattr(evaluator, "score_model"):
-        return {"version": version, **evaluator.score_model(f"models:/{name}@{alias}", inputs, labels, cfg)}
-    import mlflow.pyfunc
-
-    output = mlflow.pyfunc.load_model(f"models:/{name}@{alias}").predict(inputs)
-    return {"version": version, **evaluator.score(output, labels)}
+def _score(evaluator: Evaluator, cfg: PipelineConfig, name: str, alias: str, version: str, inputs,
+           labels) -> dict[str, Any]:
+    """One registered version's metrics and report details, as the evaluator scores the model it loads."""
+    return {"version": version, **evaluator.score(f"models:/{name}@{alias}", inputs, labels, cfg)}
 
 
 def _input_mismatch(name: str, champion: str, challenger: str) -> str | None:
@@ -235,23 +241,20 @@ def _input_mismatch(name: str, champion: str, challenger: str) -> str | None:
 
 
 def promote(
-    cfg: PipelineConfig, run: RunInfo, dataset: dict[str, Any], trained: dict[str, Any],
-    registered: dict[str, Any], evaluation: dict[str, Any], approval: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, trained: TrainedModel, registered: RegisteredModel,
+    evaluation: Evaluation, approval: Approval | None = None,
+) -> Promotion:
     """Move ``champion`` to the challenger when the gate (and, if required, a person) says so."""
     from pipeline.registry import models, tracking
 
     started = time.perf_counter()
-    name, version = cfg.registry.model_name, registered["version"]
-    gate = evaluation["gate"]
-    promoted, reason = gate["passed"], f"gate {gate['status']}: {gate['reason']}"
+    name, version = cfg.registry.model_name, registered.version
+    gate = evaluation.gate
+    promoted, reason = gate.passed, f"gate {gate.status}: {gate.reason}"
     if promoted and cfg.evaluate.require_approval:
-        chosen = (approval or {}).get("chosen_options") or ["Reject"]
-        who = (approval or {}).get("responded_by_user") or "nobody (timed out)"
-        if isinstance(who, dict):
-            who = who.get("name") or who.get("id")
-        promoted = chosen == ["Approve"]
-        reason += f"; {'approved' if promoted else 'rejected'} by {who}"
+        approval = approval or Approval(chosen_options=("Reject",), responded_by_user="nobody (timed out)")
+        promoted = approval.approved
+        reason += f"; {'approved' if promoted else 'rejected'} by {approval.responded_by_user}"
     with tracking.reachable("move the champion alias"):
         current = models.version_by_alias(name, models.CHAMPION)
         if current is not None and str(current.version) == version:
@@ -261,30 +264,28 @@ def promote(
         models.tag_version(name, version, {
             "promotion.decision": "promoted" if promoted else "rejected",
             "promotion.reason": reason,
-            "promotion.compared_with": evaluation["champion"]["version"] if evaluation["champion"] else "none",
+            "promotion.compared_with": evaluation.champion.version if evaluation.champion else "none",
         })
         aliases = models.aliases(name, version)
     log.info("%s version %s %s: %s", name, version, "promoted to champion" if promoted else "not promoted", reason)
-    summary = {
-        "dag_id": run.dag_id,
-        "run_id": run.run_id,
-        "dataset": {"uri": dataset["uri"], "version": dataset["version"], "rows": dataset["rows"],
-                    "reused": dataset["skipped"]},
-        "model": {"name": name, "version": version, "aliases": aliases, "mlflow_run_id": registered["mlflow_run_id"]},
-        "test_metrics": evaluation["challenger"]["metrics"],
-        "champion_before": evaluation["champion"],
-        "gate": gate,
-        "promoted": promoted,
-        "reason": reason,
-        "report": evaluation["report"],
-        "train": {"samples_per_s": trained.get("samples_per_s"), "world_size": trained["world_size"],
-                  "backend": trained["backend"], "final_metrics": trained["metrics"],
-                  **({"baseline_metrics": trained["baseline_metrics"]} if "baseline_metrics" in trained else {})},
-        "wall_s": {
-            "prepare_data": dataset["wall_s"], "train": trained["wall_s"], "register_model": registered["wall_s"],
-            "evaluate": evaluation["wall_s"], "promote": round(time.perf_counter() - started, 3),
+    summary = Promotion(
+        dag_id=run.dag_id,
+        run_id=run.run_id,
+        dataset=DatasetSummary(uri=dataset.uri, version=dataset.version, rows=dataset.rows, reused=dataset.skipped),
+        model=ModelSummary(name=name, version=version, aliases=tuple(aliases), mlflow_run_id=registered.mlflow_run_id),
+        test_metrics=evaluation.challenger.metrics,
+        champion_before=evaluation.champion,
+        gate=gate,
+        promoted=promoted,
+        reason=reason,
+        report=evaluation.report,
+        train=TrainingSummary(samples_per_s=trained.samples_per_s, world_size=trained.world_size, backend=trained.backend,
+                              final_metrics=trained.metrics, baseline_metrics=trained.baseline_metrics),
+        wall_s={
+            "prepare_data": dataset.wall_s, "train": trained.wall_s, "register_model": registered.wall_s,
+            "evaluate": evaluation.wall_s, "promote": round(time.perf_counter() - started, 3),
         },
-    }
+    )
     run.workdir.mkdir(parents=True, exist_ok=True)
-    (run.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run.workdir / "summary.json").write_text(json.dumps(summary.to_xcom(), indent=2))
     return summary

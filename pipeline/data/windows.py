@@ -5,35 +5,33 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pipeline.errors import DataError
+from pipeline.results import Interval, PreparedData
 
 
-def summary(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    """What prepare_data returns (XCom) for one published version."""
+def summary(manifest: dict[str, Any], wall_s: float) -> PreparedData:
+    """What prepare_data returns for one published version."""
     interval = manifest.get("interval")
-    return {
-        "name": manifest["name"],
-        "uri": manifest["uri"],
-        "version": manifest["version"],
-        "uris": [manifest["uri"]],
-        "versions": [manifest["version"]],
-        "rows": manifest["splits"],
-        "bad_rows": manifest["bad_rows"]["count"],
-        "interval": interval,
-        "skipped": manifest["skipped"],
-        "wall_s": wall_s,
-    }
+    return PreparedData(
+        name=manifest["name"], uri=manifest["uri"], version=manifest["version"], uris=(manifest["uri"],),
+        versions=(manifest["version"],), rows=manifest["splits"], bad_rows=manifest["bad_rows"]["count"],
+        interval=Interval(start=interval["start"], end=interval["end"]) if interval else None,
+        skipped=manifest["skipped"], wall_s=wall_s,
+    )
 
 
-def asset_extra(dataset: dict[str, Any]) -> dict[str, Any]:
-    """Asset-event metadata of a prepared dataset: enough for a consumer to find and judge it."""
-    interval = dataset.get("interval") or {}
+def asset_extra(prepared: PreparedData | Mapping[str, Any]) -> dict[str, Any]:
+    """Asset-event metadata of a prepared dataset (or of prepare_data's XCom value, what a task body holds):
+    enough for a consumer to find and judge it."""
+    if not isinstance(prepared, PreparedData):
+        prepared = PreparedData.from_xcom(prepared)
+    interval = prepared.interval
     return {
-        "dataset": dataset["name"], "version": dataset["version"], "uri": dataset["uri"],
-        "rows": dataset["rows"], "bad_rows": dataset.get("bad_rows", 0), "reused": dataset["skipped"],
-        "interval_start": interval.get("start"), "interval_end": interval.get("end"),
+        "dataset": prepared.name, "version": prepared.version, "uri": prepared.uri,
+        "rows": prepared.rows, "bad_rows": prepared.bad_rows, "reused": prepared.skipped,
+        "interval_start": interval.start if interval else None, "interval_end": interval.end if interval else None,
     }
 
 
@@ -66,7 +64,7 @@ def published(root: Path) -> list[dict[str, Any]]:
     return out
 
 
-def resolve(out_root: Path, name: str, end: str, intervals: int) -> dict[str, Any]:
+def resolve(out_root: Path, name: str, end: str, intervals: int) -> PreparedData:
     """The newest ``intervals`` interval versions of dataset ``name`` ending by ``end``, oldest first.
 
     An interval prepared more than once (its input changed) counts once, with its newest version.
@@ -83,15 +81,9 @@ def resolve(out_root: Path, name: str, end: str, intervals: int) -> dict[str, An
     if not chosen:
         raise DataError(f"{Path(out_root) / name}: no published interval version ending by {end}")
     rows = {split: sum(m["splits"][split] for m in chosen) for split in chosen[-1]["splits"]}
-    return {
-        "name": name,
-        "uri": chosen[-1]["uri"],
-        "version": chosen[-1]["version"],
-        "uris": [m["uri"] for m in chosen],
-        "versions": [m["version"] for m in chosen],
-        "rows": rows,
-        "bad_rows": sum(m["bad_rows"]["count"] for m in chosen),
-        "interval": {"start": chosen[0]["interval"]["start"], "end": chosen[-1]["interval"]["end"]},
-        "skipped": True,
-        "wall_s": 0.0,
-    }
+    return PreparedData(
+        name=name, uri=chosen[-1]["uri"], version=chosen[-1]["version"], uris=tuple(m["uri"] for m in chosen),
+        versions=tuple(m["version"] for m in chosen), rows=rows, bad_rows=sum(m["bad_rows"]["count"] for m in chosen),
+        interval=Interval(start=chosen[0]["interval"]["start"], end=chosen[-1]["interval"]["end"]),
+        skipped=True, wall_s=0.0,
+    )

@@ -1,1 +1,2 @@
-"""Evaluation: classification metrics on the held-out split and the promotion gate."""
+"""Evaluation: one evaluator interface (classification, retrieval, language models), metrics, reports and
+the promotion gate."""

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.evaluate.directions import CLASSIFICATION
+from pipeline.evaluate.evaluator import predict
 
 PROBA_PREFIX = "proba_"
 
@@ -17,7 +18,11 @@ class ClassificationEvaluator:
     metrics = CLASSIFICATION
     history_keys = ("train_loss", "val_loss", "train_accuracy", "val_accuracy")
 
-    def score(self, output, labels: np.ndarray) -> dict[str, Any]:
+    def score(self, model_uri: str, inputs, labels: np.ndarray, cfg=None) -> dict[str, Any]:
+        """The registered model's metrics and report details on the split's rows and labels (class indices)."""
+        return self.score_output(predict(model_uri, inputs), labels)
+
+    def score_output(self, output, labels: np.ndarray) -> dict[str, Any]:
         """Metrics and report details of one model's output on the split's labels (class indices)."""
         from pipeline.evaluate.metrics import classification_metrics
         from pipeline.evaluate.report import score_details

@@ -1,8 +1,9 @@
 """Evaluation of a causal LM: held-out token loss and perplexity, exact match of greedy generations
 (batched) against the references, and a report with sample generations.
 
-``LmEvaluator.score_model`` loads a registered version's model and tokenizer (``mlflow.transformers``
-components) and scores them itself: the loss needs the model, not only its generated text.
+``LmEvaluator.score`` loads a registered version's model and tokenizer (``mlflow.transformers``
+components) and scores them itself: the loss needs the model, not only its generated text. The generation
+and exact match are shared with the llm_sft recipe's baseline (the untrained model's exact match).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.recipes.llm_sft import METRICS
+from pipeline.evaluate.directions import LANGUAGE_MODEL
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100  # the label of a token outside the loss (a prompt's, padding): PyTorch's cross_entropy default
 
 
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, batch_size: int,
@@ -76,10 +77,11 @@ def uses_chat_template(tokenizer) -> bool:
 
 
 class LmEvaluator:
-    metrics = METRICS
+    metrics = LANGUAGE_MODEL
     history_keys = ("train_loss", "val_loss")
 
-    def score_model(self, model_uri: str, inputs: dict[str, Any], references: np.ndarray, cfg) -> dict[str, Any]:
+    def score(self, model_uri: str, inputs: dict[str, Any], references: np.ndarray, cfg) -> dict[str, Any]:
+        """Exact match of greedy generations (the first ``model.eval_max_examples``) and the token loss."""
         import mlflow.transformers
 
         components = mlflow.transformers.load_model(model_uri, return_type="components")

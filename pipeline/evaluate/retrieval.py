@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.evaluate.directions import RETRIEVAL
+from pipeline.evaluate.evaluator import predict
 
 BASELINE = "popularity"
 
@@ -54,7 +55,11 @@ class RetrievalEvaluator:
     metrics = RETRIEVAL
     history_keys = ("train_loss", "val_loss", "step_loss")
 
-    def score(self, output, held: HeldOut) -> dict[str, Any]:
+    def score(self, model_uri: str, inputs, held: HeldOut, cfg=None) -> dict[str, Any]:
+        """The registered model's metrics on the users in ``inputs``, beside the popularity baseline's."""
+        return self.score_output(predict(model_uri, inputs), held)
+
+    def score_output(self, output, held: HeldOut) -> dict[str, Any]:
         """The model's metrics, with the popularity baseline's beside them as ``popularity_<metric>``."""
         recommended = [list(items) for items in output["item_ids"]]
         if len(recommended) != len(held):

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pipeline.registry.package import ModelPackage
 from pipeline.registry.tracking import RUN_KEY_TAG, client
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ def _settle(model_name: str, run_key: str, mine: str) -> str:
     return str(oldest.version)
 
 
-def log_and_register(*, run_id: str, model_name: str, run_key: str, package, tags: dict[str, str]) -> tuple[str, bool]:
+def log_and_register(*, run_id: str, model_name: str, run_key: str, package: ModelPackage,
+                     tags: dict[str, str]) -> tuple[str, bool]:
     """Log a recipe's ``ModelPackage`` (a models-from-code pyfunc and its artifacts, or another flavor's
     model) into ``run_id`` and register it once per ``run_key``; returns ``(version, created)``."""
     existing = find_version(model_name, run_key)

@@ -60,8 +60,8 @@ def test_a_backfill_of_three_days_gives_three_versions_and_asset_events(airflow_
 
     # What an asset-triggered training run reads: the newest two days, as one window.
     window = windows.resolve(settings.data_dir(), "tabular_mlp_daily", extras[-1]["interval_end"], 2)
-    assert [v for v in window["versions"]] == [x["version"] for x in extras[-3:][1:]]
-    assert sum(window["rows"].values()) == 800
+    assert list(window.versions) == [x["version"] for x in extras[-3:][1:]]
+    assert sum(window.rows.values()) == 800
 
 
 def test_the_training_dag_is_scheduled_on_the_daily_asset():

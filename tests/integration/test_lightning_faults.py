@@ -37,7 +37,7 @@ def job(tmp_path_factory):
 def _train(job, out: Path, lines: list[str], **options) -> dict:
     dataset, config_path = job
     run_torchrun(["-m", "pipeline.train", "--recipe", "two_tower", "--config", str(config_path),
-                  "--dataset", dataset["uri"], "--out", str(out)],
+                  "--dataset", dataset.uri, "--out", str(out)],
                  job_dir=out, nproc_per_node=2, emit=lines.append, grace_period_s=3, **options)
     return json.loads((out / "result.json").read_text())
 

@@ -59,13 +59,13 @@ def test_training_rides_out_a_tracking_outage_and_register_retries(demo_parquet,
         watcher.join(timeout=180)
 
         assert "stopped" in outage and outage["stopped"] < training_done, "the outage did not overlap training"
-        assert trained["unsent_metrics"] == 0
+        assert trained.details["unsent_metrics"] == 0
         client = MlflowClient(server.url)
-        steps = trained["steps"]
-        step_losses = client.get_metric_history(trained["mlflow_run_id"], "step_loss")
+        steps = trained.details["steps"]
+        step_losses = client.get_metric_history(trained.mlflow_run_id, "step_loss")
         expected = len([s for s in range(1, steps + 1) if s % cfg.train.log_every_steps == 0 or s == steps])
         assert len(step_losses) == expected
-        assert len(client.get_metric_history(trained["mlflow_run_id"], "val_loss")) == cfg.train.epochs
+        assert len(client.get_metric_history(trained.mlflow_run_id, "val_loss")) == cfg.train.epochs
         print(f"outage {outage['back'] - outage['stopped']:.1f}s during training; {len(step_losses)}/{expected} "
               f"step metrics and {cfg.train.epochs}/{cfg.train.epochs} epoch metrics arrived")
 
@@ -76,6 +76,6 @@ def test_training_rides_out_a_tracking_outage_and_register_retries(demo_parquet,
         print(f"register_model with the server down failed as retryable after {time.monotonic() - started:.1f}s")
         server.start()
         registered = stages.register_model(cfg, run, dataset, trained)
-        assert registered["version"] == "1" and registered["created"]
+        assert registered.version == "1" and registered.created
     finally:
         server.stop()

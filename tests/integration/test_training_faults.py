@@ -38,7 +38,7 @@ def job(demo_parquet, tmp_path_factory):
 def _train(job, out: Path, lines: list[str] | None = None, **options) -> dict:
     cfg, dataset, config_path = job
     run_torchrun(
-        ["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", str(config_path), "--dataset", dataset["uri"],
+        ["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", str(config_path), "--dataset", dataset.uri,
          "--out", str(out)],
         job_dir=out, nproc_per_node=2, emit=(lines.append if lines is not None else lambda line: None),
         grace_period_s=3, **options,

@@ -156,8 +156,8 @@ def test_a_backfill_of_three_intervals_reads_as_one_window(tmp_path):
         ["<unk>", "red"], ["<unk>", "green", "red"], ["<unk>", "green", "violet"]]
 
     window = windows.resolve(tmp_path / "out", "daily", "2026-11-30T00:00:00+00:00", 3)
-    assert window["versions"] == [m["version"] for m in manifests]
-    data = TrainingData.open(window["uris"], tmp_path / "cache")
+    assert list(window.versions) == [m["version"] for m in manifests]
+    data = TrainingData.open(list(window.uris), tmp_path / "cache")
     prep_all = data.preprocessing
     assert prep_all["vocab"]["color"] == ["<unk>", "green", "red", "violet"]
     train_a = np.concatenate([[r["a"] for r in read_rows(m, tmp_path / "c", "train")] for m in manifests])
@@ -175,8 +175,8 @@ def test_a_backfill_of_three_intervals_reads_as_one_window(tmp_path):
 
     # The newest two intervals only.
     two = windows.resolve(tmp_path / "out", "daily", "2026-11-30T00:00:00+00:00", 2)
-    assert two["versions"] == [m["version"] for m in manifests[1:]]
-    frame, labels = TrainingData.open(two["uris"], tmp_path / "c2").frame("test")
+    assert list(two.versions) == [m["version"] for m in manifests[1:]]
+    frame, labels = TrainingData.open(list(two.uris), tmp_path / "c2").frame("test")
     assert len(frame) == len(labels) == sum(m["splits"]["test"] for m in manifests[1:])
 
 

@@ -19,13 +19,13 @@ def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path, monkeypatch):
     tmp_path = tmp_path / "job dir"
     cfg = tabular_mlp.config("tiny").with_overrides({"data.input_path": str(demo_parquet), "train.epochs": 2})
     dataset = stages.prepare_data(cfg, stages.RunInfo("test", "ddp"))
-    assert "%20" in dataset["uri"] and "%25" in dataset["uri"]
+    assert "%20" in dataset.uri and "%25" in dataset.uri
     tmp_path.mkdir()
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     lines = []
     run_torchrun(
         ["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", str(tmp_path / "config.json"),
-         "--dataset", dataset["uri"], "--out", str(tmp_path / "out")],
+         "--dataset", dataset.uri, "--out", str(tmp_path / "out")],
         job_dir=tmp_path / "out", nproc_per_node=2, emit=lines.append,
     )
     result = json.loads((tmp_path / "out" / "result.json").read_text())
@@ -33,7 +33,7 @@ def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path, monkeypatch):
     digests = result["param_digests"]
     assert len(digests) == 2 and digests[0] == digests[1], f"ranks diverged: {digests}"
     # Each rank streamed half of the training split per epoch.
-    per_rank = math.ceil(dataset["rows"]["train"] / 2)
+    per_rank = math.ceil(dataset.rows["train"] / 2)
     assert result["steps"] == math.ceil(per_rank / cfg.train.batch_size) * cfg.train.epochs
     assert result["metrics"]["train_loss"] < math.log(3)  # learned something beyond uniform guessing
     assert Path(result["model_files"]["network"]).exists()

@@ -38,7 +38,7 @@ def test_batches_are_cut_to_their_longest_row_and_the_loss_counts_completion_tok
     labels[0, 3:5], labels[1, 5:7] = [7, 2], [9, 2]
     batch = hooks.ToTensors()({"input_ids": ids, "labels": labels, "num_tokens": np.array([5, 7], np.int32)})
     assert batch["input_ids"].shape == (2, 7) and batch["attention_mask"].sum().item() == 12
-    assert hooks.tokens(batch) == 12
+    assert hooks.tokens(_cfg(), batch) == 12
     loss_sum, stats = hooks.loss(_cfg(), model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     targets = [(0, 2, 7), (0, 3, 2), (1, 4, 9), (1, 5, 2)]  # (row, position predicting, token)

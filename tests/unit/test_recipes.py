@@ -30,9 +30,21 @@ def test_every_recipe_has_its_variants_a_model_section_and_a_thin_dag_file(name)
 def test_every_recipe_gives_the_hooks_the_stages_call(name):
     spec = get_recipe(name).load_train_spec()
     assert spec.run is not None or all((spec.build_model, spec.batch_transform, spec.loss, spec.export))
-    assert spec.package and spec.evaluation_inputs and spec.evaluator
+    assert spec.package and spec.evaluation_inputs
     cfg = get_recipe(name).config()
     assert cfg.evaluate.metric in spec.evaluator.metrics
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_recipe_evaluator_is_one_interface_that_loads_the_model_itself(name):
+    import inspect
+
+    from pipeline.evaluate.evaluator import Evaluator
+
+    evaluator = get_recipe(name).load_train_spec().evaluator
+    assert isinstance(evaluator, Evaluator)
+    assert list(inspect.signature(evaluator.score).parameters)[0] == "model_uri"
+    assert not hasattr(evaluator, "score_model")
 
 
 def test_a_train_spec_without_its_hooks_is_refused():

@@ -27,11 +27,11 @@ def test_the_evaluator_scores_the_model_beside_the_popularity_baseline():
     held = HeldOut(relevant=[{"p1"}, {"q"}], popular=["q"] + [f"z{k}" for k in range(60)], catalogue_size=70,
                    interactions=2, oov_users=0, oov_items=1)
     output = pd.DataFrame({"item_ids": [["p1"] + [f"z{k}" for k in range(55)], [f"z{k}" for k in range(56)]]})
-    scored = EVALUATOR.score(output, held)
+    scored = EVALUATOR.score_output(output, held)
     assert scored["metrics"]["recall_at_10"] == 0.5 and scored["metrics"]["popularity_recall_at_10"] == 0.5
     assert scored["details"]["oov_items"] == 1
     with pytest.raises(ValueError, match="fewer than 50 items"):
-        EVALUATOR.score(pd.DataFrame({"item_ids": [["p1"], ["q"]]}), held)
+        EVALUATOR.score_output(pd.DataFrame({"item_ids": [["p1"], ["q"]]}), held)
 
 
 def test_in_batch_softmax_masks_accidental_hits_and_applies_log_q():

@@ -5,13 +5,15 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.recipes import get_recipe
+from pipeline.results import PreparedData
 from pipeline.run import RunInfo
 from pipeline.script_stages import ScriptOutputError, adopt
 
 
 def test_a_script_result_without_a_model_folder_is_a_user_error(tmp_path):
     cfg = get_recipe("llm_sft").config("tiny")
-    dataset = {"version": "v1", "uri": "file:///nowhere", "rows": {}}
+    dataset = PreparedData(name="d", uri="file:///nowhere", version="v1", uris=("file:///nowhere",), versions=("v1",),
+                           rows={})
     for result in (None, {"metrics": {"train_loss": 1.0}}, {"model_dir": str(tmp_path)}, {"job_dir": str(tmp_path)}):
         with pytest.raises(ScriptOutputError, match="no model folder with a config.json") as err:
             adopt(cfg, RunInfo("d", "r"), dataset, {"MLFLOW_RUN_ID": "x"}, result)

@@ -17,7 +17,9 @@ from pipeline.errors import DataError
 from pipeline.evaluate.classification import EVALUATOR
 from pipeline.recipes.image_classifier.model import SmallResNet
 from pipeline.train.export import NETWORK_FILE, export_network
-from pipeline.train.spec import ModelPackage, TrainSpec
+from pipeline.registry.package import ModelPackage
+from pipeline.results import TrainedModel
+from pipeline.train.spec import TrainSpec
 
 LABELS_FILE = "labels.json"  # classes, their names, the input shape
 SERVING = Path(__file__).with_name("serving.py")
@@ -127,7 +129,7 @@ def loss(cfg, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict
             {"accuracy": (logits.argmax(1) == batch["label"]).sum()})
 
 
-def export(model: SmallResNet, cfg, data: TrainingData, out_dir: Path) -> dict[str, str]:
+def export(cfg, model: SmallResNet, data: TrainingData, out_dir: Path) -> dict[str, str]:
     out_dir = Path(out_dir)
     channels, height, width = input_shape(data)
     export_network(model, (torch.zeros(2, channels, height, width),), out_dir / NETWORK_FILE)
@@ -138,14 +140,14 @@ def export(model: SmallResNet, cfg, data: TrainingData, out_dir: Path) -> dict[s
     return {"network": str(out_dir / NETWORK_FILE), "labels": str(out_dir / LABELS_FILE)}
 
 
-def package(trained: dict[str, Any], data: TrainingData, cfg=None) -> ModelPackage:
-    files = trained["model_files"]
-    inputs, _ = evaluation_inputs(data, "test", limit=3)
+def package(cfg, trained: TrainedModel, data: TrainingData) -> ModelPackage:
+    files = trained.model_files
+    inputs, _ = evaluation_inputs(cfg, data, "test", limit=3)
     return ModelPackage(python_model=str(SERVING), artifacts={"network": files["network"], "labels": files["labels"]},
                         input_example=inputs, pip_requirements=[])
 
 
-def evaluation_inputs(data: TrainingData, split: str, limit: int | None = None, cfg=None):
+def evaluation_inputs(cfg, data: TrainingData, split: str, limit: int | None = None):
     """The split's images as PNG bytes in an ``image`` column (what a client sends) and label indices."""
     import pandas as pd
     from PIL import Image

@@ -4,7 +4,7 @@ fine-tune or LoRA (``peft``), trained in the generic DDP loop and registered wit
 flavor (text-generation).
 
 Light: no torch or transformers here; tokenization is in ``tokenize.py`` (run by the preparation's workers),
-the hooks in ``train.py`` and the evaluation in ``evaluate.py``.
+the hooks in ``train.py``; the evaluation is ``pipeline.evaluate.language_model``.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.config import DataConfig, EvaluateConfig, ModelConfig, PipelineConfig, config_field
+from pipeline.evaluate.directions import LANGUAGE_MODEL
 from pipeline.recipes.base import Recipe
 
 NAME = "llm_sft"
-# Metric directions (True: higher is better): exact match of greedy generations against the references,
-# and the held-out token loss and perplexity.
-METRICS = {"exact_match": True, "loss": False, "perplexity": False}
 
 
 @dataclass(kw_only=True)
@@ -78,7 +76,7 @@ class LlmModelConfig(ModelConfig):
 
 @dataclass(kw_only=True)
 class LlmConfig(PipelineConfig):
-    METRICS = METRICS
+    METRICS = LANGUAGE_MODEL
     RECIPE = NAME
     data: LlmDataConfig = field(default_factory=LlmDataConfig)
     model: LlmModelConfig = field(default_factory=LlmModelConfig)

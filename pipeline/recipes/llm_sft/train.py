@@ -14,9 +14,11 @@ import torch.nn.functional as F
 from pipeline.data.reading import TrainingData
 from pipeline.data.transform import FOLDER
 from pipeline.errors import ConfigError
-from pipeline.recipes.llm_sft.evaluate import EVALUATOR, IGNORE_INDEX, exact_match, generate, uses_chat_template
+from pipeline.evaluate.language_model import EVALUATOR, IGNORE_INDEX, exact_match, generate, uses_chat_template
 from pipeline.recipes.llm_sft.tokenize import TOKENIZER, load_tokenizer
-from pipeline.train.spec import ModelPackage, TrainSpec
+from pipeline.registry.package import ModelPackage
+from pipeline.results import TrainedModel
+from pipeline.train.spec import TrainSpec
 
 MODEL_DIR = "hf_model"
 
@@ -105,7 +107,7 @@ def loss(cfg, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict
     return summed / tokens * rows, {"token_accuracy": correct.float() / tokens * rows}
 
 
-def tokens(batch: dict[str, torch.Tensor]) -> int:
+def tokens(cfg, batch: dict[str, torch.Tensor]) -> int:
     return int(batch["attention_mask"].sum())
 
 
@@ -123,7 +125,7 @@ def baseline(cfg, model, data: TrainingData, dist) -> dict[str, float]:
     return {"test_exact_match": exact_match(generated, refs)}
 
 
-def export(model, cfg, data: TrainingData, out_dir: Path) -> dict[str, str]:
+def export(cfg, model, data: TrainingData, out_dir: Path) -> dict[str, str]:
     """The model (LoRA adapters merged into the base) and its tokenizer as a transformers checkpoint folder."""
     if hasattr(model, "merge_and_unload"):  # a peft model: the registered model is the merged one
         model = model.merge_and_unload()
@@ -137,14 +139,14 @@ def export(model, cfg, data: TrainingData, out_dir: Path) -> dict[str, str]:
     return {"model_dir": str(target)}
 
 
-def package(trained: dict[str, Any], data: TrainingData, cfg=None) -> ModelPackage:
+def package(cfg, trained: TrainedModel, data: TrainingData) -> ModelPackage:
     import mlflow
     import transformers
 
     example = [str(data.read_split("test")["prompt"][0])] if data.rows("test") else ["Hello"]
     return ModelPackage(
         flavor="transformers",
-        flavor_args={"transformers_model": trained["model_files"]["model_dir"], "task": "text-generation",
+        flavor_args={"transformers_model": trained.model_files["model_dir"], "task": "text-generation",
                      # The completion only, greedy: what the evaluation scores.
                      "model_config": {"return_full_text": False, "do_sample": False}},
         input_example=example,
@@ -153,7 +155,7 @@ def package(trained: dict[str, Any], data: TrainingData, cfg=None) -> ModelPacka
     )
 
 
-def evaluation_inputs(data: TrainingData, split: str, cfg=None):
+def evaluation_inputs(cfg, data: TrainingData, split: str):
     """The split's prompts and token rows (what the evaluator scores the model on) and its references."""
     columns = data.read_split(split)
     inputs = {"prompt": [str(p) for p in columns["prompt"]], "input_ids": columns["input_ids"],

@@ -12,7 +12,9 @@ from pipeline.data.reading import Encoder, TrainingData, feature_frame
 from pipeline.evaluate.classification import EVALUATOR
 from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
 from pipeline.train.export import NETWORK_FILE, export_network
-from pipeline.train.spec import ModelPackage, TrainSpec
+from pipeline.registry.package import ModelPackage
+from pipeline.results import TrainedModel
+from pipeline.train.spec import TrainSpec
 
 PREPROCESSING_FILE = "preprocessing.json"
 SERVING = Path(__file__).with_name("serving.py")
@@ -48,7 +50,7 @@ def loss(cfg, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict
             {"accuracy": (logits.argmax(1) == batch["label"]).sum()})
 
 
-def export(model: TabularMLP, cfg, data: TrainingData, out_dir: Path) -> dict[str, str]:
+def export(cfg, model: TabularMLP, data: TrainingData, out_dir: Path) -> dict[str, str]:
     spec = model.spec
     example = (torch.zeros(2, spec.num_numeric), torch.zeros(2, len(spec.cardinalities), dtype=torch.int64))
     export_network(model, example, out_dir / NETWORK_FILE)
@@ -56,15 +58,15 @@ def export(model: TabularMLP, cfg, data: TrainingData, out_dir: Path) -> dict[st
     return {"network": str(out_dir / NETWORK_FILE), "preprocessing": str(out_dir / PREPROCESSING_FILE)}
 
 
-def package(trained: dict[str, Any], data: TrainingData, cfg=None) -> ModelPackage:
+def package(cfg, trained: TrainedModel, data: TrainingData) -> ModelPackage:
     # The preprocessing the model was trained with (the merged one of every version read), as training wrote it.
     prep = data.preprocessing
     example = {c: [row[c] for row in data.sample_rows] for c in prep["numeric_columns"] + prep["categorical_columns"]}
-    return ModelPackage(python_model=str(SERVING), artifacts=dict(trained["model_files"]),
+    return ModelPackage(python_model=str(SERVING), artifacts=dict(trained.model_files),
                         input_example=feature_frame(example, prep))
 
 
-def evaluation_inputs(data: TrainingData, split: str, cfg=None):
+def evaluation_inputs(cfg, data: TrainingData, split: str):
     """The split as raw feature rows (what the registered model scores) and label indices."""
     return data.frame(split)
 

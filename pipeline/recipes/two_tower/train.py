@@ -26,7 +26,9 @@ from pipeline.errors import ConfigError
 from pipeline.evaluate.retrieval import EVALUATOR, HeldOut
 from pipeline.recipes.two_tower.model import Tower, TwoTower, in_batch_softmax_loss
 from pipeline.train.export import NETWORK_FILE, export_network
-from pipeline.train.spec import ModelPackage, TrainSpec
+from pipeline.registry.package import ModelPackage
+from pipeline.results import TrainedModel
+from pipeline.train.spec import TrainSpec
 
 SERVING = Path(__file__).with_name("serving.py")
 CATALOGUE_FILE = "catalogue.npz"  # item ids and their embeddings
@@ -153,7 +155,7 @@ def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
     result = {"metrics": metrics, "steps": trainer.global_step, **callback.summary()}
     items = catalogue(cfg, data)  # on every rank: opening a split is collective
     if ctx.is_main:
-        result["model_files"] = export(model, cfg, data, ctx.out_dir, items)
+        result["model_files"] = export(cfg, model, data, ctx.out_dir, items)
     return result
 
 
@@ -186,7 +188,7 @@ def catalogue(cfg, data: TrainingData) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def export(model: TwoTower, cfg, data: TrainingData, out_dir: Path, items: dict[str, Any]) -> dict[str, str]:
+def export(cfg, model: TwoTower, data: TrainingData, out_dir: Path, items: dict[str, Any]) -> dict[str, str]:
     """The user tower as a ``torch.export`` program, the ``catalogue``'s embeddings, and the user columns."""
     out_dir = Path(out_dir)
     model = model.cpu().eval()
@@ -208,12 +210,12 @@ def export(model: TwoTower, cfg, data: TrainingData, out_dir: Path, items: dict[
             "users": str(out_dir / USERS_FILE)}
 
 
-def package(trained: dict[str, Any], data: TrainingData, *, cfg) -> ModelPackage:
-    inputs, _ = evaluation_inputs(data, "test", limit=3, cfg=cfg)
-    return ModelPackage(python_model=str(SERVING), artifacts=dict(trained["model_files"]), input_example=inputs)
+def package(cfg, trained: TrainedModel, data: TrainingData) -> ModelPackage:
+    inputs, _ = evaluation_inputs(cfg, data, "test", limit=3)
+    return ModelPackage(python_model=str(SERVING), artifacts=dict(trained.model_files), input_example=inputs)
 
 
-def evaluation_inputs(data: TrainingData, split: str, limit: int | None = None, *, cfg):
+def evaluation_inputs(cfg, data: TrainingData, split: str, limit: int | None = None):
     """The split's users as the rows the registered model takes (id and user features, from each
     user's first row of the split), and what they did: their held-out items, the training split's
     most popular items (the baseline) and the catalogue's size."""
