@@ -15,7 +15,7 @@ from airflow.sdk import Asset, Param, dag, task
 
 from pipeline import settings, stages
 from pipeline.data import windows
-from pipeline.orchestration import promotion_approval, run_stage, with_mlflow_link
+from pipeline.orchestration import TrainOperator, promotion_approval, run_stage, with_mlflow_link
 from pipeline.recipes import get_recipe
 
 
@@ -50,13 +50,11 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
         # run's ranks use (a deployment's `gpu` pool has one slot per GPU). Here the default config's:
         # the cluster policy pipeline.admission sets each run's instance to its own Params and conf's.
         launch = recipe.config().launch
-        @task(queue=settings.train_queue(), pool=settings.train_pool(),
-              pool_slots=settings.train_pool_slots(launch.nproc_per_node * launch.nnodes))
-        def train(prepared: dict) -> dict:
-            return run_stage(stages.train, config_from_params, prepared)
-
         prepared = prepare_data()
-        release(config_from_params, prepared, with_mlflow_link(train(prepared)))
+        trained = TrainOperator(task_id="train", recipe=recipe.name, prepared=prepared, queue=settings.train_queue(),
+                                pool=settings.train_pool(),
+                                pool_slots=settings.train_pool_slots(launch.nproc_per_node * launch.nnodes))
+        release(config_from_params, prepared, with_mlflow_link(trained.output))
 
     return pipeline_dag()
 

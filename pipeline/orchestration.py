@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from airflow.sdk import BaseOperatorLink
 
 from pipeline.config import PipelineConfig
 from pipeline.errors import InfraError, UserError
+from pipeline.launch.operator import TorchrunOperator
 from pipeline.results import Approval, Evaluation, Result, from_xcom_as
 from pipeline.run import RunInfo
 
@@ -26,19 +27,53 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
     from airflow.sdk.exceptions import AirflowFailException
 
     context = get_current_context()
-    route_mlflow_logging()
-    os.environ.update(mlflow_env_from_connection(_mlflow_connection()))
-    ti = context["ti"]
-    run = RunInfo(
-        dag_id=ti.dag_id, run_id=ti.run_id, try_number=ti.try_number,
-        **{key: _iso(context.get(key)) for key in ("logical_date", "data_interval_start", "data_interval_end")},
-    )
+    run = task_run(context)
     try:
         cfg = config_from_params(dict(context["params"]))
         outcome = stage(cfg, run, *typed_args(stage, args))
     except UserError as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
     return outcome.to_xcom() if isinstance(outcome, Result) else outcome
+
+
+def task_run(context) -> RunInfo:
+    """The task's DAG run, with MLflow's logging routed into the task log and its connection's settings in
+    the environment (the ranks inherit them)."""
+    route_mlflow_logging()
+    os.environ.update(mlflow_env_from_connection(_mlflow_connection()))
+    ti = context["ti"]
+    return RunInfo(
+        dag_id=ti.dag_id, run_id=ti.run_id, try_number=ti.try_number,
+        **{key: _iso(context.get(key)) for key in ("logical_date", "data_interval_start", "data_interval_end")},
+    )
+
+
+class TrainOperator(TorchrunOperator):
+    """The recipe DAGs' ``train`` task: trains the run's recipe on the run's own config, whose ``launch.*``
+    decides where and how; with ``launch.kubernetes.deferrable`` it waits in the triggerer
+    (``pipeline.launch.deferred``) as ``TorchrunOperator`` does. The job and the result are
+    ``stages.train_job`` and ``stages.trained_model``; ``prepared`` is the prepare_data task's output."""
+
+    template_fields: Sequence[str] = ("prepared",)
+
+    def __init__(self, *, recipe: str, prepared: Any, **kwargs: Any):
+        super().__init__(entry=[], **kwargs)
+        self.recipe, self.prepared = recipe, prepared
+
+    def _spec(self, context):
+        from pipeline import stages
+        from pipeline.recipes import get_recipe
+        from pipeline.results import PreparedData
+
+        run = task_run(context)
+        cfg = get_recipe(self.recipe).config_from_params(dict(context["params"]))
+        dataset = from_xcom_as(PreparedData, self.prepared, "train's argument 'prepared'")
+        return stages.train_job(cfg, run, dataset)
+
+    def _result(self, context, spec, result, wall_s):
+        from pipeline import stages
+
+        return stages.trained_model(spec, result, wall_s).to_xcom()
 
 
 def typed_args(stage: Callable[..., Any], args: tuple[Any, ...]) -> list[Any]:

@@ -24,7 +24,8 @@ from pipeline.results import (
 )
 from pipeline.run import RunInfo
 
-__all__ = ["RunInfo", "prepare_data", "prepare_interval", "train", "register_model", "evaluate", "promote"]
+__all__ = ["RunInfo", "prepare_data", "prepare_interval", "train", "train_job", "trained_model", "register_model",
+           "evaluate", "promote"]
 
 log = logging.getLogger(__name__)
 
@@ -72,26 +73,36 @@ def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedDa
 
 
 def train(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> TrainedModel:
-    """Run ``pipeline.train`` for the config's recipe on the configured launcher; return the trained model
-    (rank 0's result file, with the MLflow run's address)."""
-    from pipeline.launch.spec import JobSpec
+    """Run ``pipeline.train`` for the config's recipe on the configured place; return the trained model
+    (rank 0's result file, with the MLflow run's address). The recipe DAGs' train task runs the same two
+    halves around a deferral where the place allows it (``pipeline.orchestration.TrainOperator``)."""
     from pipeline.launch.supervisor import Job
-    from pipeline.registry import tracking
 
     started = time.perf_counter()
+    spec = train_job(cfg, run, dataset)
+    return trained_model(spec, Job(spec).run(log.info), time.perf_counter() - started)
+
+
+def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
+    """The run's training job (``JobSpec``): its MLflow run created once and tagged with the lineage, the
+    config written into the job folder, where the ranks read it."""
+    from pipeline.launch.spec import JobSpec
+    from pipeline.registry import tracking
+
     with tracking.reachable("create the MLflow run"):
         mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset))
         tracking.log_params_once(mlflow_run_id, cfg.as_params() | {
-            "recipe": cfg.RECIPE, "launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)})
+            "launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)})
         tracking.log_dataset_input(
             mlflow_run_id, name=cfg.registry.model_name, digest=dataset.version, source_uri=dataset.uri,
             profile={"rows": dataset.rows},
         )
     # Keyed by DAG, run and task, not by try: a retry resumes from the checkpoints the last try left.
+    folder = run.job_dir("train")
     spec = JobSpec(
-        entry=["-m", "pipeline.train", "--recipe", cfg.RECIPE, "--config", str(run.job_dir("train") / "config.json"),
-               "--out", str(run.job_dir("train")), *(arg for uri in dataset.uris for arg in ("--dataset", uri))],
-        job_dir=run.job_dir("train"), launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
+        entry=["-m", "pipeline.train", "--config", str(folder / "config.json"),
+               *(arg for uri in dataset.uris for arg in ("--dataset", uri))],
+        job_dir=folder, launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
         try_number=run.try_number, labels={"dag_id": run.dag_id, "run_id": run.run_id, "task_id": "train",
                                            "try_number": str(run.try_number)},
         # Rank 0 buffers and retries metrics itself: MLflow's own HTTP retries would stall a step.
@@ -100,18 +111,24 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> TrainedMo
     )
     spec.files.root.mkdir(parents=True, exist_ok=True)
     spec.files.config.write_text(json.dumps(cfg.to_dict(), indent=2))
-    result = Job(spec).run(log.info)
-    if result is None:
-        raise RuntimeError(f"training ended without writing {spec.files.result}")
+    return spec
+
+
+def trained_model(spec, result: dict[str, Any] | None, wall_s: float) -> TrainedModel:
+    """The job's end as a ``TrainedModel``: rank 0's result file and the MLflow run's address."""
+    from pipeline.registry import tracking
     from pipeline.registry.links import run_url
 
+    if result is None:
+        raise RuntimeError(f"training ended without writing {spec.files.result}")
+    mlflow_run_id = spec.env["MLFLOW_RUN_ID"]
     experiment_id = tracking.experiment_id_of(mlflow_run_id)
     # Rank 0's result file: the contract's fields, and the rest (steps, resumed_from, throughput) as details.
     named = ("model_files", "metrics", "world_size", "backend", "dataset_version", "samples_per_s",
              "baseline_metrics", "unsent_metrics_path")
     return TrainedModel.from_xcom({key: result[key] for key in named if key in result} | {
         "mlflow_run_id": mlflow_run_id, "mlflow_experiment_id": experiment_id,
-        "mlflow_url": run_url(experiment_id, mlflow_run_id), "wall_s": round(time.perf_counter() - started, 3),
+        "mlflow_url": run_url(experiment_id, mlflow_run_id), "wall_s": round(wall_s, 3),
         "details": {k: v for k, v in result.items() if k not in named and k != "mlflow_run_id"},
     })
 
