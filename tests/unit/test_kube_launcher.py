@@ -327,3 +327,95 @@ def test_deferred_failures_are_classified_as_on_a_worker(cluster_for, tmp_path, 
         getattr(op, method)(context, event=event, **kwargs)
     assert len(cluster.created_jobs) == 1  # neither is replaced within max_restarts
     assert_torn_down(cluster)
+
+
+# ----- the recipe DAGs' own train task defers too (TrainOperator, on the run's own config)
+
+RANK_0_RESULT = {"model_files": {"model": "model.pt"}, "metrics": {"val_loss": 0.5, "val_accuracy": 0.75},
+                 "world_size": 2, "backend": "gloo", "dataset_version": "v1", "samples_per_s": 1000.0,
+                 "steps": 10, "unsent_metrics_path": "/nonexistent/unsent_metrics.jsonl"}
+
+
+def _recipe_train(tmp_path, monkeypatch, **launch):
+    """The ``train`` task of the tabular_mlp recipe DAG as the DAG file builds it, and a context whose Params
+    put this run on Kubernetes, deferred (what a user types in the trigger form's ``overrides``)."""
+    from types import SimpleNamespace
+
+    from pipeline.dag_factory import recipe_dag
+    from pipeline.recipes import get_recipe
+
+    monkeypatch.setenv("PIPELINE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    task = recipe_dag("tabular_mlp").get_task("train")
+    task.prepared = {"name": "tabular_mlp", "uri": str(tmp_path / "data" / "v1"), "version": "v1",
+                     "uris": [str(tmp_path / "data" / "v1")], "versions": ["v1"],
+                     "rows": {"train": 80, "val": 10, "test": 10}, "interval": None, "skipped": True, "wall_s": 0.1}
+    params = {name: schema.get("default") for name, schema in get_recipe("tabular_mlp").airflow_params().items()}
+    params["overrides"] = {"launch.kind": "kubernetes", "launch.nnodes": 2, "launch.nproc_per_node": 1,
+                           "launch.grace_period_s": 1, **{f"launch.{k}": v for k, v in launch.items()},
+                           "launch.kubernetes.connection_id": CONN, "launch.kubernetes.deferrable": True,
+                           "launch.kubernetes.volumes": [f"runs:{tmp_path}"]}
+    ti = SimpleNamespace(dag_id="tabular_mlp", run_id=f"manual__{os.getpid()}", task_id="train", map_index=-1,
+                         try_number=1)
+    return task, {"ti": ti, "params": params}
+
+
+def test_a_recipe_dags_train_task_defers_and_returns_the_trained_model(cluster_for, tmp_path, monkeypatch):
+    cluster = cluster_for(kube_standin.nodes_run, result=RANK_0_RESULT)
+    task, context = _recipe_train(tmp_path, monkeypatch)
+    trigger, method, kwargs = _defer(task, context)
+    assert [j["spec"]["completions"] for j in cluster.created_jobs] == [2]  # the run's own launch settings
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    trained = getattr(task, method)(context, event=event, **kwargs)
+    assert trained["metrics"] == RANK_0_RESULT["metrics"] and trained["world_size"] == 2
+    assert trained["mlflow_run_id"] and trained["mlflow_url"]  # the MLflow run made before the job
+    env = cluster.pod_env(cluster.created_jobs[0])
+    assert env["MLFLOW_RUN_ID"] == trained["mlflow_run_id"]
+    command = cluster.created_jobs[0]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-4:-2] == ["--config", env["PIPELINE_JOB_DIR"] + "/config.json"]
+    assert_torn_down(cluster)
+
+
+def test_a_deferred_recipe_train_task_stopped_by_a_user_deletes_the_job(cluster_for, tmp_path, monkeypatch):
+    """Marked failed or success, or cleared while deferred: the scheduler removes the trigger and the
+    triggerer calls its on_kill."""
+    cluster = cluster_for(kube_standin.nodes_run, forever=True)
+    task, context = _recipe_train(tmp_path, monkeypatch)
+    trigger, _, _ = _defer(task, context)
+    runner = _runner()
+
+    async def triggerer():
+        runner.triggers[1] = {"task": None, "name": "train", "events": 0}
+        running = asyncio.create_task(runner.run_trigger(1, trigger))
+        runner.triggers[1]["task"] = running
+        while cluster.max_open_streams < 2:
+            await asyncio.sleep(0.1)
+        runner.to_cancel.append(1)
+        await runner.cancel_triggers()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    asyncio.run(asyncio.wait_for(triggerer(), 60))
+    assert_torn_down(cluster)
+
+
+def test_a_deferred_recipe_train_tasks_rank_user_error_fails_without_retries(cluster_for, tmp_path, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    cluster = cluster_for(kube_standin.nodes_run, fail_node=1, user_error=True)
+    task, context = _recipe_train(tmp_path, monkeypatch, max_restarts=2)
+    trigger, method, kwargs = _defer(task, context)
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    with pytest.raises(AirflowFailException, match="DataError: shard 3, row 17"):
+        getattr(task, method)(context, event=asyncio.run(first_event()), **kwargs)
+    assert len(cluster.created_jobs) == 1
+    assert_torn_down(cluster)
