@@ -31,6 +31,13 @@ class DataError(UserError):
     """Input data that is missing, malformed or of the wrong type."""
 
 
+class ResultError(UserError):
+    """A task's input that is not the result it should be: a field missing, or a value of the wrong type.
+
+    A user error: retrying re-reads the same XCom value, so the task fails at once. What it names is
+    usually a task wired in by hand (``release`` after a DAG author's own training task)."""
+
+
 class RankUserError(UserError):
     """A rank of a training job failed with a user error (its type and message are in this one's)."""
 

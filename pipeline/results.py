@@ -16,19 +16,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Self
 
-from pipeline.errors import UserError
+from pipeline.errors import ResultError
 
 __all__ = [
     "ResultError", "Result", "Interval", "PreparedData", "TrainedModel", "RegisteredModel", "ModelScore", "Gate",
     "Evaluation", "Approval", "DatasetSummary", "ModelSummary", "TrainingSummary", "Promotion", "from_xcom_as",
 ]
-
-
-class ResultError(UserError):
-    """A task's input that is not the result it should be: a field missing, or a value of the wrong type.
-
-    A user error: retrying re-reads the same XCom value, so the task fails at once. What it names is
-    usually a task wired in by hand (``release`` after a DAG author's own training task)."""
 
 
 class Result:

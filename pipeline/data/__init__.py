@@ -19,7 +19,3 @@ def local_path(uri: str) -> Path:
         raise DataError(f"{uri}: a file URI of host {parts.netloc!r}; expected a local one (file:///PATH)")
     return Path(unquote(parts.path))
 
-
-def dataset_uris(dataset: dict) -> list[str]:
-    """The version URIs a stage's dataset summary stands for: a window's, or the one version's."""
-    return list(dataset.get("uris") or [dataset["uri"]])

@@ -17,8 +17,8 @@ import numpy as np
 
 from pipeline.data.transform import RowError
 from pipeline.errors import ConfigError, DataError
+from pipeline.evaluate.language_model import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 TOKENIZER = "tokenizer"  # the name of the tokenizer among the transform's files (transform/tokenizer in a version)
 
 
