@@ -95,6 +95,6 @@ def launch_config(options: dict[str, Any] | LaunchConfig | None = None) -> Launc
     """A validated ``LaunchConfig`` from keyword options (the same names and rules as ``launch.*``)."""
     if isinstance(options, LaunchConfig):
         return options
-    from pipeline.config import flatten
+    from pipeline.config_fields import flatten
 
     return PipelineConfig().with_overrides(flatten(dict(options or {}), "launch.")).launch

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from pipeline.config import parse_set_args
+from pipeline.config_fields import parse_set_args
 from pipeline.errors import user_errors_reported
 
 

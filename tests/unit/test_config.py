@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from pipeline.config import PipelineConfig, parse_set_args
+from pipeline.config import PipelineConfig
+from pipeline.config_fields import parse_set_args
 from pipeline.errors import ConfigError
 from pipeline.recipes import get_recipe, recipe_names, tabular_mlp
 from pipeline.recipes.image_classifier import ImageConfig

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config import ModelConfig, PipelineConfig, config_field
+from pipeline.config import ModelConfig, PipelineConfig
+from pipeline.config_fields import config_field
 from pipeline.evaluate.directions import CLASSIFICATION
 from pipeline.recipes.base import Recipe
 

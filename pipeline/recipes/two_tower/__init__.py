@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.config import EvaluateConfig, ModelConfig, PipelineConfig, config_field
+from pipeline.config import EvaluateConfig, ModelConfig, PipelineConfig
+from pipeline.config_fields import config_field
 from pipeline.evaluate.directions import RETRIEVAL
 from pipeline.recipes.base import Recipe
 

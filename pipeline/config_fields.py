@@ -1,0 +1,102 @@
+"""How config fields are declared and read: ``config_field`` (a default, its help and what is allowed),
+building a typed config from a mapping with every value checked, and dotted keys (``flatten``,
+``--set KEY=VALUE``). ``pipeline.config`` declares the sections with them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import field
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+
+def config_field(default: Any, help: str, **rules: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **rules})
+    return field(default=default, metadata={"help": help, **rules})
+
+
+def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"depth": 2}}`` -> ``{"model.depth": 2}``, at any depth."""
+    flat: dict[str, Any] = {}
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def parse_set_args(items: list[str]) -> dict[str, Any]:
+    """``["train.lr=3e-4", "train.hidden_sizes=[64,32]"]`` -> dotted overrides (JSON values, else text)."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, for example train.epochs=3")
+        try:
+            overrides[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = text
+    return overrides
+
+
+def build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown}; the keys that exist are {sorted(fields)}"
+        )
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in raw.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = build(hint, value, f"{prefix}{name}.")
+        else:
+            values[name] = _check(f"{prefix}{name}", value, hint, fields[name].metadata)
+    return cls(**values)
+
+
+def _check(name: str, value: Any, hint: Any, rules: typing.Mapping[str, Any]) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item_type,) = typing.get_args(hint)
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}={value!r}: expected a list of {item_type.__name__}")
+        return [_check(f"{name}[{i}]", item, item_type, rules) for i, item in enumerate(value)]
+    value = _coerce(name, value, hint)
+    if "choices" in rules and value not in rules["choices"]:
+        raise ConfigError(f"{name}={value!r}: expected one of {rules['choices']}")
+    if "min" in rules and value < rules["min"]:
+        raise ConfigError(f"{name}={value!r}: expected a value >= {rules['min']}")
+    if "max" in rules and value > rules["max"]:
+        raise ConfigError(f"{name}={value!r}: expected a value <= {rules['max']}")
+    return value
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{name}={value!r}: expected {hint.__name__}, got {type(value).__name__}")
