@@ -35,7 +35,7 @@ COPY pipeline ./pipeline
 COPY dags ./dags
 COPY plugins ./plugins
 COPY examples ./examples
-RUN pip install --no-deps -e . && python -c "import pipeline.launch.kube, torch, airflow.sdk"
+RUN pip install --no-deps -e . && python -c "import pipeline.job.kubernetes.place, torch, airflow.sdk"
 
 # A non-root user (Airflow's default UID); group 0 may write where the pipeline writes, so the image
 # also runs under an arbitrary UID in group 0 (compose's AIRFLOW_UID, OpenShift).

@@ -15,29 +15,29 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 demo: venv
-	$(PY) -m pipeline.demo --recipe $(RECIPE) $(ARGS)
+	$(PY) -m pipeline.dev.demo --recipe $(RECIPE) $(ARGS)
 
 test: venv
 	$(PY) -m pytest $(ARGS)
 
 # The airflow CLI on the embedded settings, e.g. make airflow ARGS="dags list" or ARGS=standalone
 airflow: venv
-	$(PY) -m pipeline.airflow_cli $(ARGS)
+	$(PY) -m pipeline.dev.airflow_cli $(ARGS)
 
 # The embedded default with its UIs in the foreground: Airflow on 127.0.0.1:8080, MLflow on :5000; Ctrl-C stops all.
 ui: venv
-	$(PY) -m pipeline.stack ui
+	$(PY) -m pipeline.dev.stack ui
 
 # The deployment's topology as local processes (Celery on this machine's Redis, PostgreSQL, MLflow server).
 stack: venv
-	$(PY) -m pipeline.stack up
+	$(PY) -m pipeline.dev.stack up
 
 stack-down: venv
-	$(PY) -m pipeline.stack down
+	$(PY) -m pipeline.dev.stack down
 
 # Secrets for docker-compose.yml: .env beside it (mode 0600), kept when it exists.
 stack-env:
-	$(PYTHON) -m pipeline.stack.secrets .env
+	$(PYTHON) -m pipeline.dev.stack.secrets .env
 
 clean:
 	rm -rf var

@@ -80,6 +80,6 @@ PYEOF
 
 # 3. The image and tabular demos once on this GPU with nccl (one rank).
 for recipe in image_classifier tabular_mlp; do
-  $PY -m pipeline.demo --recipe "$recipe" --conf '{"nproc_per_node": 1, "overrides": {"launch.backend": "nccl"}}' \
+  $PY -m pipeline.dev.demo --recipe "$recipe" --conf '{"nproc_per_node": 1, "overrides": {"launch.backend": "nccl"}}' \
     2>&1 | tail -1
 done

@@ -3,7 +3,7 @@ TorchrunOperator; its model folder is then registered (mlflow.transformers), eva
 llm_sft recipe's stages. Params as trl_sft_example's."""
 
 from pipeline import settings
-from pipeline.script_dag import TRAIN_DATA, script_dag
+from pipeline.airflow.script_dag import TRAIN_DATA, script_dag
 
 dag = script_dag(
     "accelerate_sft_example",

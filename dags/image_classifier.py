@@ -2,6 +2,6 @@
 ResNet trained with torchrun DDP -> MLflow registry -> evaluate (accuracy, macro-F1, per-class F1, confusion
 matrix) -> (approve) -> promote."""
 
-from pipeline.dag_factory import recipe_dag
+from pipeline.airflow.dag_factory import recipe_dag
 
 dag = recipe_dag("image_classifier", doc_md=__doc__)

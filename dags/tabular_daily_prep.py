@@ -14,7 +14,7 @@ from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag, task
 
 from pipeline import settings, stages
 from pipeline.data import windows
-from pipeline.orchestration import run_stage
+from pipeline.airflow.tasks import run_stage
 from pipeline.recipes import tabular_mlp as recipe
 
 DAILY = Asset(name=recipe.DAILY_DATASET, uri=recipe.dataset_uri(recipe.DAILY_DATASET))

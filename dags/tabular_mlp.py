@@ -7,7 +7,7 @@ which the `tabular_daily_prep` DAG publishes: such a run trains on the newest da
 from airflow.sdk import Asset
 
 from pipeline import settings
-from pipeline.dag_factory import recipe_dag
+from pipeline.airflow.dag_factory import recipe_dag
 from pipeline.recipes.tabular_mlp import DAILY_DATASET
 
 DAILY = Asset(name=DAILY_DATASET, uri=settings.dataset_uri(DAILY_DATASET))

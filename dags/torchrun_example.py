@@ -7,7 +7,7 @@ from datetime import timedelta
 from airflow.sdk import dag, task
 
 from pipeline import settings
-from pipeline.launch import TorchrunOperator
+from pipeline.airflow import TorchrunOperator
 
 
 @dag(

@@ -4,7 +4,7 @@ Params: input_path (prompt/completion JSON Lines; the script trains on its train
 tokenizer_path (the same folder)."""
 
 from pipeline import settings
-from pipeline.script_dag import TRAIN_DATA, script_dag
+from pipeline.airflow.script_dag import TRAIN_DATA, script_dag
 
 dag = script_dag(
     "trl_sft_example",

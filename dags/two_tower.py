@@ -3,6 +3,6 @@ features) -> MDS split by time -> user and item towers trained by PyTorch Lightn
 pipeline's torchrun launcher -> MLflow registry -> evaluate (recall@10/@50, NDCG@10, coverage, against
 the most-popular baseline) -> (approve) -> promote."""
 
-from pipeline.dag_factory import recipe_dag
+from pipeline.airflow.dag_factory import recipe_dag
 
 dag = recipe_dag("two_tower", doc_md=__doc__)

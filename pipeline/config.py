@@ -117,7 +117,7 @@ class TrainConfig:
 @dataclass(kw_only=True)
 class KubernetesConfig:
     """``launch.kind = kubernetes``: an indexed Job of ``launch.nnodes`` pods, each running torchrun with
-    ``launch.nproc_per_node`` ranks, and a headless Service for pod 0's DNS name (pipeline.launch.kube).
+    ``launch.nproc_per_node`` ranks, and a headless Service for pod 0's DNS name (pipeline.job.kubernetes.place).
     GPUs, CPUs and memory per pod are ``launch.gpus_per_node``, ``cpus_per_node`` and ``memory_per_node_gb``."""
 
     image: str = config_field("ddp-pipelines:latest", "Container image of every pod (the project's Dockerfile).")

@@ -2,7 +2,7 @@
 
 ``to_xcom()`` gives plain JSON values (the shape the Airflow UI shows, with ``mlflow_url`` at the top for
 the MLflow button); ``from_xcom(value)`` checks every field and fails with the class, the field and the
-value. ``pipeline.orchestration.run_stage`` converts a stage's arguments by their annotations and its
+value. ``pipeline.airflow.tasks.run_stage`` converts a stage's arguments by their annotations and its
 return value, so the stages themselves take and return these types.
 
 Light: standard library only (the DAG processor imports this module, and so do the ranks).

@@ -118,7 +118,7 @@ def train_pool_slots(gpus: int) -> int:
     """Pool slots a training task takes: the GPUs it uses (``gpus``), or ``PIPELINE_TRAIN_POOL_SLOTS``.
 
     Read where a DAG is parsed (its default) and where a run's task instances are made (the run's own, by
-    ``pipeline.admission`` in the api-server and scheduler): set the variable for every Airflow component."""
+    ``pipeline.airflow.admission`` in the api-server and scheduler): set the variable for every Airflow component."""
     return max(1, int(os.environ.get("PIPELINE_TRAIN_POOL_SLOTS", gpus)))
 
 

@@ -7,8 +7,8 @@ package's ``apache_airflow_provider`` entry point (``pyproject.toml``).
 
 from airflow.plugins_manager import AirflowPlugin
 
-from pipeline.launch.operator import TorchrunOperator, torchrun_task
-from pipeline.orchestration import MlflowLink
+from pipeline.airflow.operator import TorchrunOperator, torchrun_task
+from pipeline.airflow.links import MlflowLink
 
 __all__ = ["PipelinePlugin", "TorchrunOperator", "torchrun_task"]
 

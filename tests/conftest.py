@@ -37,7 +37,7 @@ def demo_parquet(pipeline_home: Path) -> Path:
 @pytest.fixture(scope="session")
 def airflow_db(pipeline_home: Path) -> Path:
     """The session's Airflow metadata DB (SQLite under PIPELINE_HOME), migrated once."""
-    from pipeline.demo import migrate_airflow_db
+    from pipeline.dev.demo import migrate_airflow_db
 
     migrate_airflow_db()
     return pipeline_home / "airflow" / "airflow.db"

@@ -8,7 +8,7 @@ import random
 import uuid
 from pathlib import Path
 
-from pipeline.stack.local import LocalStack, drop_database
+from pipeline.dev.stack.local import LocalStack, drop_database
 from tests.services import POSTGRES_DSN, free_port, service_missing
 
 # Seen by the tasks only through the Airflow connection; must never show in a log.

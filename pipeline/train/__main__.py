@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def resolve(args: argparse.Namespace):
     """(recipe, config, job folder) from the arguments and the environment the launcher exported."""
     from pipeline.errors import ConfigError
-    from pipeline.launch.spec import JobFiles
+    from pipeline.job.spec import JobFiles
     from pipeline.recipes import config_from_dict, get_recipe
 
     if args.config:

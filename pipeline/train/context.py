@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.launch.spec import JobFiles
+from pipeline.job.spec import JobFiles
 from pipeline.train import distributed
 from pipeline.train.checkpoint import CheckpointStore
 from pipeline.train.progress import Heartbeat

@@ -1,5 +1,5 @@
 """Admission by the run's own size: a recipe DAG's `train` task instance takes as many training-pool slots as
-THAT run's ranks, through the cluster policy Airflow itself calls (pipeline.admission, installed by
+THAT run's ranks, through the cluster policy Airflow itself calls (pipeline.airflow.admission, installed by
 plugins/airflow_local_settings.py).
 
 One fresh Airflow process with this project's settings (``settings.airflow_env``: its plugins folder) on a

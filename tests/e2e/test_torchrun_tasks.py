@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from pipeline.demo import run_dag
+from pipeline.dev.demo import run_dag
 from tests.processes import wait_until_gone
 
 pytestmark = pytest.mark.e2e

@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from pipeline.demo import run_dag
-from pipeline.run import RunInfo
+from pipeline.dev.demo import run_dag
+from pipeline.stages.run import RunInfo
 from tests.selfcontained import predict_in_fresh_interpreter
 
 pytestmark = pytest.mark.e2e

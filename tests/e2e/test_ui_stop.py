@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from pipeline.processes import alive
-from pipeline.stack.local import RestClient
+from pipeline.dev.stack.rest import RestClient
 from tests.e2e.test_airflow_kill import DAG_ID, KILL_DAG_SOURCE, trigger_and_wait_for_ranks
 from tests.services import free_port, wait_for
 
@@ -35,7 +35,7 @@ def test_ctrl_c_of_make_ui_ends_every_process_and_leaves_no_task_running(tmp_pat
                 "PIPELINE_STACK_MLFLOW_PORT": str(mlflow_port), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
                 "PIPELINE_DAILY_START_DATE": str(date.today())})
     out = tmp_path / "ui.out"
-    ui = subprocess.Popen([sys.executable, "-m", "pipeline.stack", "ui"], env=env, stdout=open(out, "w"),
+    ui = subprocess.Popen([sys.executable, "-m", "pipeline.dev.stack", "ui"], env=env, stdout=open(out, "w"),
                           stderr=subprocess.STDOUT, start_new_session=True)
     try:
         banner = wait_for(lambda: re.search(r"Airflow UI\s+(\S+)\s+user admin\s+password (\S+)", out.read_text()),

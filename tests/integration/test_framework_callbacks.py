@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from pipeline.launch.local import run_torchrun
+from pipeline.job.local.place import run_torchrun
 from pipeline.train.progress import read_heartbeats
 
 pytestmark = pytest.mark.distributed

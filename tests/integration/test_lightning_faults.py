@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from pipeline.launch.local import run_torchrun
+from pipeline.job.local.place import run_torchrun
 from pipeline.recipes import get_recipe
 from tests.faults import sigkill_rank, when_checkpoint
 

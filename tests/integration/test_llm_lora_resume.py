@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from pipeline.launch.local import run_torchrun
+from pipeline.job.local.place import run_torchrun
 from pipeline.recipes import get_recipe
 from pipeline.train.checkpoint import CheckpointStore, load_state
 

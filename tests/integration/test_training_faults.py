@@ -12,7 +12,7 @@ import pytest
 
 from pipeline import stages
 from pipeline.errors import TrainingFailed, TrainingStalled
-from pipeline.launch.local import run_torchrun
+from pipeline.job.local.place import run_torchrun
 from pipeline.recipes import tabular_mlp
 from tests.faults import sigkill_rank, when_checkpoint
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pipeline import settings
-from pipeline.stack import secrets
+from pipeline.dev.stack import secrets
 
 ROOT = settings.PROJECT_ROOT
 COMPOSE = ROOT / "docker-compose.yml"

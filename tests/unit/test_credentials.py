@@ -2,8 +2,8 @@
 
 from airflow.sdk import Connection
 
-from pipeline.launch.local import torchrun_command
-from pipeline.orchestration import mlflow_env_from_connection
+from pipeline.job.local.place import torchrun_command
+from pipeline.airflow.connections import mlflow_env_from_connection
 
 
 def test_connection_becomes_mlflow_environment_without_credentials_in_the_uri():
@@ -36,7 +36,7 @@ def test_a_failing_connection_lookup_is_a_retryable_fault_not_a_silent_fallback(
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     from pipeline.errors import InfraError
-    from pipeline.orchestration import _mlflow_connection
+    from pipeline.airflow.connections import mlflow_connection as _mlflow_connection
 
     def unreachable(conn_id):
         raise ConnectionError("api-server at 127.0.0.1:8080 refused the connection")

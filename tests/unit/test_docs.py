@@ -163,8 +163,8 @@ def test_make_targets_the_pages_mention_exist():
 
 
 def _demo_output_keys() -> set[str]:
-    """The keys of the JSON object ``make demo`` prints last (``pipeline/demo.py``)."""
-    tree = ast.parse((ROOT / "pipeline" / "demo.py").read_text())
+    """The keys of the JSON object ``make demo`` prints last (``pipeline/dev/demo.py``)."""
+    tree = ast.parse((ROOT / "pipeline" / "dev" / "demo.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "dag_run_id" for k in node.keys):
             keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
@@ -173,7 +173,7 @@ def _demo_output_keys() -> set[str]:
                     keys |= {k.value for d in ast.walk(value) if isinstance(d, ast.Dict)
                              for k in d.keys if isinstance(k, ast.Constant)}
             return keys
-    raise AssertionError("pipeline/demo.py no longer prints a JSON object with dag_run_id")
+    raise AssertionError("pipeline/dev/demo.py no longer prints a JSON object with dag_run_id")
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])

@@ -16,10 +16,10 @@ import pytest
 
 from pipeline.errors import NotStarted as PodsNotRunning
 from pipeline.errors import RankUserError, TrainingFailed
-from pipeline.launch import kube
-from pipeline.launch.spec import JobSpec, launch_config
-from pipeline.launch.supervisor import Attempt, Job
-from pipeline.launch.trigger import AttemptTrigger
+from pipeline.job.kubernetes import place as kube
+from pipeline.job.spec import JobSpec, launch_config
+from pipeline.job.supervisor import Attempt, Job
+from pipeline.airflow.trigger import AttemptTrigger
 from tests import kube_standin
 from tests.kube_standin import StandinCluster
 
@@ -139,7 +139,7 @@ def test_a_pod_removed_after_it_succeeded_does_not_fail_the_task(cluster_for, tm
 def test_a_job_left_by_a_dead_worker_of_the_same_attempt_is_replaced(cluster_for, tmp_path):
     from kubernetes import client as k8s
 
-    from pipeline.launch.kube import Cluster, api_client, manifests_for  # noqa: F401
+    from pipeline.job.kubernetes.place import Cluster, api_client, manifests_for  # noqa: F401
 
     cluster = cluster_for(kube_standin.nodes_run)
     spec = make_spec(tmp_path)
@@ -171,7 +171,7 @@ def test_an_airflow_retry_gets_a_new_job_over_the_same_checkpoint_folder(cluster
 
 
 def _operator(tmp_path, **launch):
-    from pipeline.launch import TorchrunOperator
+    from pipeline.airflow import TorchrunOperator
 
     return TorchrunOperator(task_id="fit", entry=["-m", "pipeline.train"], kind="kubernetes", nnodes=2,
                             nproc_per_node=1, grace_period_s=1, **launch,
@@ -193,7 +193,7 @@ def _defer(op, context):
         op.execute(context)
     trigger = deferred.value.trigger
     classpath, kwargs = trigger.serialize()  # what the triggerer stores and rebuilds it from
-    assert classpath == "pipeline.launch.trigger.AttemptTrigger"
+    assert classpath == "pipeline.airflow.trigger.AttemptTrigger"
     rebuilt = AttemptTrigger(**{**kwargs, "poll_s": 0.1})
     return rebuilt, deferred.value.method_name, deferred.value.kwargs
 
@@ -277,11 +277,11 @@ def test_deferred_task_torchrun_returns_rank_0s_return_value(cluster_for, tmp_pa
     """``@task.torchrun`` resumes in a fresh operator: it finds the function's return value in the job folder."""
     import cloudpickle
 
-    from pipeline.launch.operator import _decorated_operator_class
+    from pipeline.airflow.operator import _decorated_operator_class
 
-    def rank_0_returns(job):  # what pipeline.launch.function does in rank 0 of the pods
+    def rank_0_returns(job):  # what pipeline.job.function does in rank 0 of the pods
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
-        assert command[-4:-2] == ["-m", "pipeline.launch.function"]
+        assert command[-4:-2] == ["-m", "pipeline.job.function"]
         Path(command[-1]).write_bytes(cloudpickle.dumps({"loss": 0.5}))
 
     cluster = cluster_for(kube_standin.nodes_run, on_success=rank_0_returns)
@@ -341,7 +341,7 @@ def _recipe_train(tmp_path, monkeypatch, **launch):
     put this run on Kubernetes, deferred (what a user types in the trigger form's ``overrides``)."""
     from types import SimpleNamespace
 
-    from pipeline.dag_factory import recipe_dag
+    from pipeline.airflow.dag_factory import recipe_dag
     from pipeline.recipes import get_recipe
 
     monkeypatch.setenv("PIPELINE_HOME", str(tmp_path / "home"))

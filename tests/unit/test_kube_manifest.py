@@ -10,10 +10,10 @@ import pytest
 from kubernetes import client as k8s
 
 from pipeline.errors import ConfigError
-from pipeline.launch.kube import manifests_for
-from pipeline.launch.kube_manifest import COMPLETION_INDEX, deserialize, object_name, rendered_pod, serialize
-from pipeline.launch.spec import JobSpec, launch_config
-from pipeline.launch.supervisor import Attempt
+from pipeline.job.kubernetes.place import manifests_for
+from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, deserialize, object_name, rendered_pod, serialize
+from pipeline.job.spec import JobSpec, launch_config
+from pipeline.job.supervisor import Attempt
 
 JOB_DIR = "/mnt/pipeline/runs/ddp/manual__2026-11-30T12_00_00_00_00/train"
 AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.launch.kube import manifests_for
-from pipeline.launch.kube_manifest import rendered_pod
-from pipeline.launch.local import run_torchrun
-from pipeline.launch.spec import JobSpec, launch_config
-from pipeline.launch.supervisor import Attempt
+from pipeline.job.kubernetes.place import manifests_for
+from pipeline.job.kubernetes.manifest import rendered_pod
+from pipeline.job.local.place import run_torchrun
+from pipeline.job.spec import JobSpec, launch_config
+from pipeline.job.supervisor import Attempt
 
 pytestmark = pytest.mark.distributed
 

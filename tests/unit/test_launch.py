@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pipeline.errors import TrainingFailed, UserError
-from pipeline.launch.local import run_torchrun
+from pipeline.job.local.place import run_torchrun
 from tests.processes import cmdline, pids_with, wait_until_gone
 
 pytestmark = pytest.mark.distributed
@@ -74,7 +74,7 @@ def test_the_operator_turns_a_rank_user_error_into_a_failure_without_retries(scr
 
     from airflow.sdk.exceptions import AirflowFailException
 
-    from pipeline.launch import TorchrunOperator
+    from pipeline.airflow import TorchrunOperator
 
     op = TorchrunOperator(task_id="fit", entry=["-m", "toy_job", "user_error"], nproc_per_node=2, max_restarts=1,
                           env={"PYTHONPATH": str(script_dir)}, retries=3)
@@ -85,7 +85,7 @@ def test_the_operator_turns_a_rank_user_error_into_a_failure_without_retries(scr
 
 def test_operator_launch_options_are_the_config_fields_with_their_rules():
     from pipeline.errors import ConfigError
-    from pipeline.launch import TorchrunOperator
+    from pipeline.airflow import TorchrunOperator
 
     op = TorchrunOperator(task_id="fit", entry=["train.py"], nproc_per_node=4, stall_timeout_s=30)
     assert (op.launch.nproc_per_node, op.launch.stall_timeout_s, op.launch.kind) == (4, 30.0, "local")
@@ -102,7 +102,7 @@ def test_killing_the_supervising_process_stops_every_rank(script_dir, tmp_path, 
         f"""
         import sys
         sys.path.insert(0, {str(script_dir)!r})
-        from pipeline.launch.local import run_torchrun
+        from pipeline.job.local.place import run_torchrun
         from pathlib import Path
         run_torchrun(["-m", "toy_job", "sleep", {marker!r}], nproc_per_node=2, job_dir=Path({str(tmp_path / "job")!r}),
                      env={{"PYTHONPATH": {str(script_dir)!r}}}, grace_period_s=3, emit=print)
@@ -126,7 +126,7 @@ def test_on_kill_of_the_operator_stops_every_rank(script_dir, tmp_path):
     import threading
     from types import SimpleNamespace
 
-    from pipeline.launch import TorchrunOperator
+    from pipeline.airflow import TorchrunOperator
 
     marker = f"toy-on-kill-{os.getpid()}"
     op = TorchrunOperator(task_id="train", entry=[str(script_dir / "toy_job.py"), "sleep", marker],

@@ -4,7 +4,7 @@ Places: ``local`` (real torchrun processes, 2 ranks on gloo), ``kubernetes`` aga
 server of ``tests/kube_standin.py`` (no Kubernetes API server can run on the project's machines: the
 launcher and the official client are real, the stand-in plays the scheduler, the Job controller and the
 kubelet, and writes into the job folder what the ranks would), and ``kubernetes-deferred``: the same
-attempts split around Airflow's triggerer (``pipeline.launch.deferred`` on the worker's side, the real
+attempts split around Airflow's triggerer (``pipeline.airflow.deferred`` on the worker's side, the real
 ``AttemptTrigger`` run to its event as the triggerer runs it).
 """
 
@@ -26,9 +26,9 @@ import pytest
 
 from pipeline.errors import (RankUserError, TrainingFailed, TrainingPreempted, TrainingStalled, TrainingStopped,
                              TrainingTimedOut)
-from pipeline.launch import kube
-from pipeline.launch.spec import JobSpec, launch_config
-from pipeline.launch.supervisor import Job
+from pipeline.job.kubernetes import place as kube
+from pipeline.job.spec import JobSpec, launch_config
+from pipeline.job.supervisor import Job
 from tests import kube_standin
 from tests.kube_standin import StandinCluster
 from tests.processes import wait_until_gone
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.distributed
 
 PLACES = ["local", "kubernetes", "kubernetes-deferred"]
 CONN = "k8s_contract"
-# What every place exports to every rank (pipeline.launch.supervisor.Attempt.env).
+# What every place exports to every rank (pipeline.job.supervisor.Attempt.env).
 RANK_ENV = ("PIPELINE_JOB_DIR", "PIPELINE_CHECKPOINT_DIR", "PIPELINE_RESULT_FILE", "PIPELINE_PROGRESS_DIR",
             "PIPELINE_ERROR_DIR", "PIPELINE_TRY_NUMBER", "PIPELINE_RESTART_COUNT", "PIPELINE_BACKEND", "CONTRACT_VAR")
 
@@ -200,8 +200,8 @@ class DeferredRun:
     def run(self, emit):
         from airflow.sdk.exceptions import TaskDeferred
 
-        from pipeline.launch import deferred
-        from pipeline.launch.trigger import AttemptTrigger
+        from pipeline.airflow import deferred
+        from pipeline.airflow.trigger import AttemptTrigger
 
         operator = _Operator(emit)
         try:
@@ -210,7 +210,7 @@ class DeferredRun:
             pending = exc
         while True:
             classpath, kwargs = pending.trigger.serialize()  # what the triggerer stores and rebuilds it from
-            assert classpath == "pipeline.launch.trigger.AttemptTrigger"
+            assert classpath == "pipeline.airflow.trigger.AttemptTrigger"
             trigger = AttemptTrigger(**{**kwargs, "poll_s": 0.1})
             trigger._log = _logger("contract.trigger", emit)  # the trigger's lines reach the task log
             event = asyncio.run(self._triggerer(trigger))
@@ -361,9 +361,9 @@ def test_a_killed_task_process_leaves_nothing_running(place, tmp_path):
     spec = place.spec("forever")
     driver = textwrap.dedent(f"""
         from pathlib import Path
-        from pipeline.launch import kube
-        from pipeline.launch.spec import JobSpec, launch_config
-        from pipeline.launch.supervisor import Job
+        from pipeline.job.kubernetes import place as kube
+        from pipeline.job.spec import JobSpec, launch_config
+        from pipeline.job.supervisor import Job
         kube.POLL_S = 0.1
         spec = JobSpec(entry={list(spec.entry)!r}, job_dir=Path({str(spec.job_dir)!r}),
                        launch=launch_config({dataclasses.asdict(spec.launch)!r}),

@@ -118,7 +118,7 @@ def test_a_stage_argument_is_parsed_by_its_annotation():
 
 def test_run_stage_converts_the_stages_arguments_and_result():
     from pipeline import stages
-    from pipeline.orchestration import typed_args
+    from pipeline.airflow.tasks import typed_args
 
     args = typed_args(stages.promote, (PREPARED.to_xcom(), TRAINED.to_xcom(), REGISTERED.to_xcom(),
                                        EVALUATION.to_xcom(), APPROVAL.to_xcom()))
@@ -130,8 +130,8 @@ def test_run_stage_converts_the_stages_arguments_and_result():
 def test_adopt_returns_a_trained_model_with_no_spill_to_replay(tmp_path, monkeypatch):
     from pipeline.recipes import get_recipe
     from pipeline.registry import tracking
-    from pipeline.run import RunInfo
-    from pipeline.script_stages import adopt
+    from pipeline.stages.run import RunInfo
+    from pipeline.stages.script import adopt
 
     monkeypatch.setattr(tracking, "experiment_id_of", lambda run_id: "7")
     (tmp_path / "model").mkdir()

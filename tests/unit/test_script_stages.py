@@ -1,4 +1,4 @@
-"""Adopting a toolchain script's output (pipeline.script_stages.adopt): a result without a saved model folder
+"""Adopting a toolchain script's output (pipeline.stages.script.adopt): a result without a saved model folder
 fails as a user error naming what was expected, before anything is registered."""
 
 import pytest
@@ -6,8 +6,8 @@ import pytest
 from pipeline.errors import UserError
 from pipeline.recipes import get_recipe
 from pipeline.results import PreparedData
-from pipeline.run import RunInfo
-from pipeline.script_stages import ScriptOutputError, adopt
+from pipeline.stages.run import RunInfo
+from pipeline.stages.script import ScriptOutputError, adopt
 
 
 def test_a_script_result_without_a_model_folder_is_a_user_error(tmp_path):

@@ -1,4 +1,5 @@
-"""The package's shape: no import cycles between its modules, and stages that use only the launcher interface."""
+"""The package's shape: no import cycles at any level, small modules, Airflow only in pipeline.airflow (and the
+dev tooling), nothing a rank runs reaching it, and stages that use only the job interface."""
 
 import ast
 from pathlib import Path
@@ -49,23 +50,61 @@ def _cycles(package: Path, *, top_level_only: bool) -> list[list[str]]:
     return cycles
 
 
-def test_modules_import_each_other_without_cycles():
+def _all_imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, pipeline's or not, anywhere in the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def test_modules_import_each_other_without_cycles_at_any_level():
+    # An import inside a function only hides a cycle until that function runs: both count.
     assert _cycles(PACKAGE, top_level_only=True) == []
+    assert _cycles(PACKAGE, top_level_only=False) == []
 
 
-def test_data_modules_import_each_other_without_cycles_inside_functions_too():
-    # An import inside a function only hides a cycle until that function runs; in pipeline/data the
-    # shared types sit in types.py so that no such import is needed. (pipeline.launch's package
-    # __init__ still imports its operator lazily, which imports the package: not yet checked here.)
-    assert _cycles(PACKAGE / "data", top_level_only=False) == []
+def test_no_module_is_over_400_lines():
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > 400}
+    assert long == {}
 
 
-def test_stages_reach_the_launcher_only_through_its_interface():
-    used = {m for m in _imports(PACKAGE / "stages.py", top_level_only=False) if m.startswith("pipeline.launch")}
-    assert used <= {"pipeline.launch.spec", "pipeline.launch.spec.JobSpec", "pipeline.launch.supervisor",
-                    "pipeline.launch.supervisor.Job"}
-    for module in ("operator.py", "supervisor.py", "deferred.py", "trigger.py"):
+def test_only_the_airflow_package_and_dev_tooling_import_airflow():
+    importing = {name for name, path in _modules().items()
+                 if any(m == "airflow" or m.startswith("airflow.") for m in _all_imports(path))}
+    assert {name for name in importing if not name.startswith(("pipeline.airflow", "pipeline.dev"))} == set()
+
+
+def test_what_runs_in_a_rank_never_reaches_airflow():
+    """From the ranks' entrypoints, every pipeline module they can import (inside functions too) stays out of
+    pipeline.airflow and pipeline.dev and imports no airflow: the process boundary is the package boundary."""
+    modules = _modules()
+    seen, todo = set(), ["pipeline.train.__main__", "pipeline.job.function", "pipeline.job.local.guard"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in modules:
+            continue
+        seen.add(name)
+        todo += [m for m in _imports(modules[name], top_level_only=False) if m in modules]
+        todo += [name.rsplit(".", 1)[0]] if "." in name else []  # importing a module runs its package's __init__
+    assert "pipeline.train.loop" in seen and "pipeline.job.spec" in seen  # the walk follows what ranks run
+    assert {m for m in seen if m.startswith(("pipeline.airflow", "pipeline.dev"))} == set()
+    assert {m for m in seen if any(i == "airflow" or i.startswith("airflow.") for i in _all_imports(modules[m]))} == set()
+
+
+def test_stages_reach_the_job_only_through_its_interface():
+    used = {m for m in _imports(PACKAGE / "stages" / "__init__.py", top_level_only=False) if m.startswith("pipeline.job")}
+    assert used <= {"pipeline.job.spec", "pipeline.job.spec.JobSpec", "pipeline.job.supervisor",
+                    "pipeline.job.supervisor.Job"}
+    for module in ("job/supervisor.py", "airflow/operator.py", "airflow/deferred.py", "airflow/trigger.py"):
         # The policy is written once above the places: it never names one (places are looked up by launch.kind).
-        places = {m for m in _imports(PACKAGE / "launch" / module, top_level_only=False)
-                  if m.startswith(("pipeline.launch.local", "pipeline.launch.kube"))}
+        places = {m for m in _imports(PACKAGE / module, top_level_only=False)
+                  if m.startswith(("pipeline.job.local", "pipeline.job.kubernetes"))}
         assert places == set(), (module, places)

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from datetime import date, timedelta
 
-from pipeline import airflow_cli, settings
+from pipeline import settings
+from pipeline.dev import airflow_cli
 
 
 def test_jwt_secret_is_random_per_airflow_home_private_and_kept(tmp_path, monkeypatch):
@@ -34,7 +35,7 @@ def test_mlflow_lines_reach_the_task_log_at_their_level_not_as_stderr():
         "class Keep(logging.Handler):\n"
         "    def emit(self, record): records.append((record.levelname, record.name))\n"
         "if sys.argv[1] == 'routed':\n"
-        "    from pipeline.orchestration import route_mlflow_logging\n"
+        "    from pipeline.airflow.tasks import route_mlflow_logging\n"
         "    route_mlflow_logging()\n"
         "logging.getLogger().addHandler(Keep()); logging.getLogger().setLevel(logging.DEBUG)\n"
         "logging.getLogger('mlflow.pyfunc').info('Validating input example against model signature')\n"
@@ -51,7 +52,7 @@ def test_mlflow_lines_reach_the_task_log_at_their_level_not_as_stderr():
 
 
 def test_demo_inputs_cover_the_daily_catch_up_and_are_written_once(tmp_path, monkeypatch):
-    from pipeline.demo import ensure_demo_inputs
+    from pipeline.dev.demo import ensure_demo_inputs
     from pipeline.recipes import get_recipe
 
     monkeypatch.setenv("PIPELINE_DATA_DIR", str(tmp_path / "data"))

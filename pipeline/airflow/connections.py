@@ -1,0 +1,61 @@
+"""Airflow connections the pipeline reads: MLflow's (``PIPELINE_MLFLOW_CONN_ID``, default ``mlflow_default``)
+and the Kubernetes provider's, for the Kubernetes place (the only lookups the job layer asks of Airflow)."""
+
+from __future__ import annotations
+
+import os
+
+from pipeline.errors import InfraError
+
+
+def mlflow_connection():
+    """The Airflow connection named by ``PIPELINE_MLFLOW_CONN_ID`` (default ``mlflow_default``), if any.
+
+    Only a connection that does not exist falls back to the environment (or the local default); a
+    lookup that fails (the API server or a secrets backend unreachable) is a retryable fault: silently
+    using the local store instead would log and register into the wrong place."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    conn_id = os.environ.get("PIPELINE_MLFLOW_CONN_ID", "mlflow_default")
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+    except Exception as exc:
+        raise InfraError(f"looking up the Airflow connection {conn_id!r} for MLflow failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
+def mlflow_env_from_connection(conn) -> dict[str, str]:
+    """MLflow's own environment variables from an Airflow connection (host, login/password or token).
+
+    They reach the torchrun ranks by inheritance, never on a command line; Airflow masks the
+    connection's password in task logs.
+    """
+    if conn is None or not conn.host:
+        return {}
+    host = conn.host if "://" in conn.host else f"{conn.schema or conn.conn_type or 'http'}://{conn.host}"
+    env = {"MLFLOW_TRACKING_URI": f"{host}:{conn.port}" if conn.port else host}
+    if conn.login:
+        env["MLFLOW_TRACKING_USERNAME"] = conn.login
+    if conn.password:
+        env["MLFLOW_TRACKING_PASSWORD"] = conn.password
+    token = (conn.extra_dejson or {}).get("token")
+    if token:
+        env["MLFLOW_TRACKING_TOKEN"] = token
+    return env
+
+
+def kubernetes_client(connection_id: str):
+    """The official client's ``ApiClient`` for the provider's connection (in-cluster or kube config without one)."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return KubernetesHook(conn_id=connection_id).get_conn()
+
+
+def kubernetes_async_connection(connection_id: str):
+    """The asyncio client's connection context for the provider's connection (``async with ... as api``)."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+    return AsyncKubernetesHook(conn_id=connection_id).get_conn()

@@ -1,0 +1,62 @@
+"""``AttemptTrigger``: the supervisor's wait for one attempt, in Airflow's triggerer (a deferred task).
+
+It runs the place's async watch (``Place.watch``: a class path; its ``poll`` and ``stop``) and the same
+``Watchdog`` as the worker (the run timeout; the stall clock where the triggerer can read the job
+folder's heartbeats), and fires one event with how the attempt ended. The task then resumes on a worker
+(``pipeline.airflow.deferred.complete``), which tears the attempt down and applies the policy. When a
+user marks the deferred task failed or success, or clears it, the triggerer calls ``on_kill``: the
+attempt is stopped there. A triggerer restart does not call it: the trigger resumes elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from pipeline.job.supervisor import Watchdog
+
+POLL_S = 1.0
+
+
+class AttemptTrigger(BaseTrigger):
+    def __init__(self, *, watch: str, handle: dict[str, Any], timeout_s: float, stall_timeout_s: float,
+                 progress_dir: str, created_at: float, poll_s: float = POLL_S):
+        super().__init__()
+        self.watch, self.handle = watch, handle
+        self.timeout_s, self.stall_timeout_s, self.progress_dir = timeout_s, stall_timeout_s, progress_dir
+        self.created_at, self.poll_s = created_at, poll_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "watch": self.watch, "handle": self.handle, "timeout_s": self.timeout_s,
+            "stall_timeout_s": self.stall_timeout_s, "progress_dir": self.progress_dir,
+            "created_at": self.created_at, "poll_s": self.poll_s})
+
+    def _watcher(self):
+        module, _, attr = self.watch.partition(":")
+        return getattr(importlib.import_module(module), attr)(**self.handle, created_at=self.created_at, log=self.log)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        watchdog = Watchdog(timeout_s=self.timeout_s, stall_timeout_s=self.stall_timeout_s,
+                            progress_dir=Path(self.progress_dir), started=self.created_at)
+        async with self._watcher() as watcher:
+            while True:
+                end = await watcher.poll()
+                if end is None:
+                    end = await asyncio.to_thread(watchdog.check, time.time())  # reads files: off the event loop
+                if end is not None:
+                    if end.status in ("timeout", "stalled"):
+                        self.log.info("%s", end.message)
+                    yield TriggerEvent({"status": end.status, "message": end.message})
+                    return
+                await asyncio.sleep(self.poll_s)
+
+    async def on_kill(self) -> None:
+        """The user marked the deferred task failed or success, or cleared it: stop the attempt here."""
+        self.log.info("the task was stopped while deferred")
+        await self._watcher().stop()

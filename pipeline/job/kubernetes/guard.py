@@ -1,0 +1,59 @@
+"""Deletes a training Job and its Service when the task process that created them dies unannounced.
+
+``python -m pipeline.job.kubernetes.guard`` runs in a session of its own (a kill of the task's process
+group does not reach it) and reads one JSON line (API server settings, namespace, name) from stdin.
+The launcher writes ``done`` when it has torn the Job down itself; if stdin closes without it - the
+task process was SIGKILLed, the worker died - the guard deletes the Job (foreground: its pods first)
+and the Service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+
+def client_from(settings: dict):
+    from kubernetes import client as k8s
+
+    conf = k8s.Configuration()
+    conf.host = settings["host"]
+    conf.api_key = settings.get("api_key") or {}
+    conf.api_key_prefix = settings.get("api_key_prefix") or {}
+    conf.verify_ssl = settings.get("verify_ssl", True)
+    token_file = settings.get("token_file")
+    if token_file and os.path.exists(token_file) and "BearerToken" in conf.api_key:
+        with open(token_file) as fh:
+            conf.api_key["BearerToken"] = "Bearer " + fh.read().strip()
+    for name in ("ssl_ca_cert", "cert_file", "key_file"):
+        if settings.get(name):
+            fd, path = tempfile.mkstemp(prefix="kube-guard-")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(settings[name])
+            setattr(conf, name, path)
+    return k8s.ApiClient(conf)
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.readline())
+    for line in sys.stdin:
+        if line.strip() == "done":
+            return 0
+    from pipeline.job.kubernetes.place import Cluster
+    from pipeline.job.kubernetes.manifest import Manifests
+    from kubernetes import client as k8s
+
+    meta = k8s.V1ObjectMeta(name=request["name"], namespace=request["namespace"])
+    manifests = Manifests(job=k8s.V1Job(metadata=meta), service=k8s.V1Service(metadata=meta))
+    cluster = Cluster(client_from(request["client"]))
+    print(f"kube_guard: the task process ended without tearing down Job {request['namespace']}/{request['name']}: "
+          f"deleting it and its Service", file=sys.stderr, flush=True)
+    cluster.delete(manifests)
+    cluster.wait_gone(manifests)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The local place (``launch.kind = local``): each attempt is ``torchrun`` as a child of this process, its
+output read live, under the supervisor's policy (``pipeline.job.supervisor``).
+
+The attempt runs under ``pipeline.job.local.guard`` in a session (process group) of its own, so stopping
+it signals the agent *and* every rank: SIGTERM, the grace period, then SIGKILL. If the task process
+dies without a chance to clean up (SIGKILL), the guard stops the attempt itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from pipeline import settings
+from pipeline.data.shm import clean_stale_shared_memory
+from pipeline.errors import ConfigError
+from pipeline.job.spec import JobSpec, launch_config
+from pipeline.job.supervisor import Attempt, Ended
+from pipeline.processes import alive, descendants
+from pipeline.train.progress import DUMP_SIGNAL
+
+log = logging.getLogger(__name__)
+
+
+
+def torchrun_command(
+    entry: Sequence[str],
+    *,
+    nproc_per_node: int,
+    log_dir: Path,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "job",
+    no_python: bool = False,
+) -> list[str]:
+    """The torchrun command line; ``--tee 3`` so every line carries its rank prefix.
+
+    ``entry`` is ``["-m", "package.module", *args]``, ``["script.py", *args]``, or with
+    ``no_python`` an executable and its arguments (a CLI that reads the torchrun environment).
+    """
+    if nnodes == 1 and rdzv_endpoint is None:
+        topology = ["--standalone", "--nnodes=1"]
+    else:
+        if not rdzv_endpoint:
+            raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (host:port of the c10d rendezvous)")
+        topology = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+    return [
+        sys.executable, "-m", "torch.distributed.run", *topology,
+        f"--nproc-per-node={nproc_per_node}",
+        "--tee=3", f"--log-dir={log_dir}", *(["--no-python"] if no_python else []),
+        *entry,
+    ]
+
+
+class LocalPlace:
+    """``launch.kind = local``: this node's share of each attempt as torchrun under the guard.
+
+    A failed attempt is replaced by a fresh torchrun (a new agent and rendezvous) rather than by
+    torchrun's own ``--max-restarts``: with torch 2.14 and gloo, ranks restarted inside one agent hung
+    in ``init_process_group`` in two of three tries.
+    """
+
+    def __init__(self, spec: JobSpec):
+        launch = spec.launch
+        if launch.nnodes > 1 and not launch.rdzv_endpoint:
+            raise ConfigError(f"launch.nnodes={launch.nnodes} with the local launcher needs launch.rdzv_endpoint "
+                              f"(HOST:PORT of the c10d rendezvous that every node's launcher joins)")
+        if launch.gpus_per_node:
+            import torch
+
+            found = torch.cuda.device_count()
+            if found < launch.gpus_per_node:
+                raise ConfigError(f"launch.gpus_per_node={launch.gpus_per_node}: this node has {found} GPU(s)")
+        self.spec = spec
+        self.proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self, attempt: Attempt, emit: Callable[[str], None]) -> None:
+        spec, launch = self.spec, self.spec.launch
+        clean_stale_shared_memory()  # logs what it removed, once
+        command = torchrun_command(
+            list(spec.entry), nproc_per_node=launch.nproc_per_node, nnodes=launch.nnodes, node_rank=launch.node_rank,
+            rdzv_endpoint=launch.rdzv_endpoint or None, no_python=spec.no_python, log_dir=attempt.log_dir,
+            rdzv_id=attempt.name,
+        )
+        env = {**os.environ, **attempt.env(), "PYTHONUNBUFFERED": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT), env.get("PYTHONPATH")]))
+        emit("launching: " + " ".join(command))
+        guard = [sys.executable, "-m", "pipeline.job.local.guard", f"--grace-period-s={launch.grace_period_s}",
+                 f"--parent-pid={os.getpid()}", "--"]
+        self.proc = subprocess.Popen(
+            guard + command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace", bufsize=1,
+        )
+        self._reader = threading.Thread(target=_pump, args=(self.proc, emit), daemon=True)
+        self._reader.start()
+
+    def poll(self) -> Ended | None:
+        assert self.proc is not None
+        returncode = self.proc.poll()
+        if returncode is None:
+            return None
+        if self._reader is not None:
+            self._reader.join(timeout=5)  # the last lines before the verdict
+        if returncode == 0:
+            return Ended("succeeded")
+        return Ended("failed", f"torchrun exited with code {returncode}")
+
+    def stop(self, grace_period_s: float) -> None:
+        if self.proc is not None:
+            stop_group(self.proc, grace_period_s)
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+
+    def dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
+        """Every rank prints its Python stacks (faulthandler, on ``DUMP_SIGNAL``) before the job is stopped."""
+        for beat in beats.values():
+            try:
+                os.kill(beat["pid"], DUMP_SIGNAL)
+            except ProcessLookupError:
+                pass
+        time.sleep(2)
+
+
+def run_torchrun(entry: Sequence[str], *, job_dir: Path, emit: Callable[[str], None] | None = None,
+                 env: dict[str, str] | None = None, no_python: bool = False, **launch) -> dict | None:
+    """Run one supervised local torchrun job to completion; ``launch``: ``launch.*`` fields
+    (nproc_per_node, max_restarts, stall_timeout_s, ...). Returns rank 0's result, if it wrote one."""
+    from pipeline.job.supervisor import Job
+
+    spec = JobSpec(entry=list(entry), job_dir=Path(job_dir), launch=launch_config({"kind": "local", **launch}),
+                   env=dict(env or {}), no_python=no_python)
+    return Job(spec).run(emit)
+
+
+def stop_group(proc: subprocess.Popen, grace_period_s: float) -> None:
+    """Stop the guard and so the whole job: SIGTERM, then wait while the guard stops every descendant
+    (SIGTERM, the grace period, SIGKILL); SIGKILL whatever is left if the guard cannot finish."""
+    if proc.poll() is not None and not _group_alive(proc.pid):
+        return
+    tree = descendants(proc.pid)  # remembered: they lose this parent if the guard dies first
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_period_s + 5
+    while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
+        time.sleep(0.1)
+    survivors = [pid for pid in [proc.pid, *tree, *descendants(proc.pid)] if alive(pid)]
+    if survivors:
+        log.warning("%d process(es) of the job still alive after the grace period: sending SIGKILL", len(survivors))
+        for pid in survivors:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    proc.poll()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pump(proc: subprocess.Popen, emit: Callable[[str], None]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        emit(line.rstrip("\n"))

@@ -1,0 +1,100 @@
+"""The job contract: one job spec, the job folder every rank and the supervisor share, and the registry
+of places to run it (``launch.kind``).
+
+The job's files live in ``job_dir``, the same folder on every try of a task, where every rank can
+reach it; ``JobFiles`` is its only definition, and the ranks find it from the environment it exports.
+What every place guarantees is ``pipeline.job.supervisor``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from pipeline.config import LaunchConfig, PipelineConfig
+
+# launch.kind -> the place that runs its attempts (pipeline.job.supervisor.Place), imported on use.
+PLACES = {"local": "pipeline.job.local.place:LocalPlace", "kubernetes": "pipeline.job.kubernetes.place:KubernetesPlace"}
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """The layout of a job's folder; each path is exported to the ranks as an environment variable."""
+
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> "JobFiles | None":
+        """In a rank: the job folder the launcher exported (``PIPELINE_JOB_DIR``), if any."""
+        import os
+
+        root = os.environ.get("PIPELINE_JOB_DIR")
+        return cls(Path(root)) if root else None
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def result(self) -> Path:  # rank 0's JSON result: the task's XCom
+        return self.root / "result.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def unsent_metrics(self) -> Path:  # rank 0's metrics MLflow did not take in time, replayed at registration
+        return self.root / "unsent_metrics.jsonl"
+
+    @property
+    def progress(self) -> Path:  # per-rank heartbeats, read by the stall watchdog
+        return self.root / "progress"
+
+    @property
+    def errors(self) -> Path:  # user errors reported by ranks (pipeline.errors.user_errors_reported)
+        return self.root / "errors"
+
+    def logs(self, try_number: int) -> Path:
+        return self.root / f"logs-try{try_number}"
+
+    def env(self) -> dict[str, str]:
+        from pipeline.errors import ERROR_DIR_ENV
+        from pipeline.train.progress import PROGRESS_DIR_ENV
+
+        return {"PIPELINE_JOB_DIR": str(self.root), "PIPELINE_CHECKPOINT_DIR": str(self.checkpoints),
+                "PIPELINE_RESULT_FILE": str(self.result), PROGRESS_DIR_ENV: str(self.progress),
+                ERROR_DIR_ENV: str(self.errors)}
+
+    def read_result(self) -> dict[str, Any] | None:
+        return json.loads(self.result.read_text()) if self.result.exists() else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One training job: what to run (``entry``), on how many nodes and ranks with which resources and
+    limits (``launch``), with which environment, and where its files live (``job_dir``)."""
+
+    entry: Sequence[str]  # ["-m", "pkg.module", *args], ["script.py", *args], or an executable with no_python
+    job_dir: Path
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    no_python: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    name: str = "job"  # unique per DAG run and try: labels, rendezvous ids
+    try_number: int = 1
+    labels: dict[str, str] = field(default_factory=dict)  # dag_id, run_id, task_id, map_index, try_number
+
+    @property
+    def files(self) -> JobFiles:
+        return JobFiles(Path(self.job_dir))
+
+
+def launch_config(options: dict[str, Any] | LaunchConfig | None = None) -> LaunchConfig:
+    """A validated ``LaunchConfig`` from keyword options (the same names and rules as ``launch.*``)."""
+    if isinstance(options, LaunchConfig):
+        return options
+    from pipeline.config_fields import flatten
+
+    return PipelineConfig().with_overrides(flatten(dict(options or {}), "launch.")).launch
