@@ -18,6 +18,7 @@ demo: venv
 	$(PY) -m pipeline.dev.demo --recipe $(RECIPE) $(ARGS)
 
 test: venv
+	bash tests/system-packages.sh
 	$(PY) -m pytest $(ARGS)
 
 # The airflow CLI on the embedded settings, e.g. make airflow ARGS="dags list" or ARGS=standalone
