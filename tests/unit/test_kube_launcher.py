@@ -231,6 +231,14 @@ def test_a_deferred_task_stopped_by_a_user_deletes_the_job_from_the_triggerer(cl
 
     cluster = cluster_for(kube_standin.nodes_run, forever=True)
     trigger, _, _ = _defer(_operator(tmp_path), _context(tmp_path, monkeypatch))
+    _stop_in_the_triggerer(trigger, cluster)
+    assert tjr._USER_ACTION_CANCEL_MSG  # the path that calls the trigger's on_kill
+    assert_torn_down(cluster)
+
+
+def _stop_in_the_triggerer(trigger, cluster) -> None:
+    """Run ``trigger`` in Airflow's own triggerer loop until both pods stream, then stop it as a user's
+    'mark failed' or 'clear' does: the scheduler removes the trigger, and the triggerer calls its on_kill."""
     runner = _runner()
 
     async def triggerer():
@@ -239,14 +247,12 @@ def test_a_deferred_task_stopped_by_a_user_deletes_the_job_from_the_triggerer(cl
         runner.triggers[1]["task"] = task
         while cluster.max_open_streams < 2:
             await asyncio.sleep(0.1)
-        runner.to_cancel.append(1)  # the task was marked failed or cleared: the scheduler removes its trigger
+        runner.to_cancel.append(1)
         await runner.cancel_triggers()
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(asyncio.wait_for(triggerer(), 60))
-    assert tjr._USER_ACTION_CANCEL_MSG  # the path that calls the trigger's on_kill
-    assert_torn_down(cluster)
 
 
 def test_deferred_a_failed_pod_is_replaced_within_max_restarts_then_the_task_fails(cluster_for, tmp_path, monkeypatch):
@@ -387,20 +393,7 @@ def test_a_deferred_recipe_train_task_stopped_by_a_user_deletes_the_job(cluster_
     cluster = cluster_for(kube_standin.nodes_run, forever=True)
     task, context = _recipe_train(tmp_path, monkeypatch)
     trigger, _, _ = _defer(task, context)
-    runner = _runner()
-
-    async def triggerer():
-        runner.triggers[1] = {"task": None, "name": "train", "events": 0}
-        running = asyncio.create_task(runner.run_trigger(1, trigger))
-        runner.triggers[1]["task"] = running
-        while cluster.max_open_streams < 2:
-            await asyncio.sleep(0.1)
-        runner.to_cancel.append(1)
-        await runner.cancel_triggers()
-        with pytest.raises(asyncio.CancelledError):
-            await running
-
-    asyncio.run(asyncio.wait_for(triggerer(), 60))
+    _stop_in_the_triggerer(trigger, cluster)
     assert_torn_down(cluster)
 
 
