@@ -9,6 +9,11 @@ watchdog's heartbeat, and rank 0's logs reach MLflow through the buffered sink.
 - Lightning: ``Trainer(callbacks=[lightning_callback(ctx, ...)], enable_checkpointing=False)``, resumed with
   ``fit(..., ckpt_path=last_lightning_checkpoint(ctx))``. Checkpoints go through the job's
   ``CheckpointStore`` (atomic, verified, pruned), with the loaders' state for a mid-epoch resume.
+
+Both stop safely on SIGTERM (an eviction, a spot reclaim; ``pipeline.train.preemption``): every rank
+finishes its step, they agree on the step, the trainer checkpoints it where the resume looks, rank 0
+writes the preemption marker and every rank exits with ``PREEMPTED_EXIT_CODE``. Create the callback in
+the main thread, before the trainer starts its loaders' workers.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import time
 from numbers import Number
 
+from pipeline.train import preemption
 from pipeline.train.context import RunContext
 
 
@@ -23,13 +29,23 @@ def huggingface_callback(ctx: RunContext):
     """A ``transformers.TrainerCallback`` bound to ``ctx``."""
     from transformers import TrainerCallback
 
+    stop_request = preemption.install()
+
     def beat(state, phase: str = "training", force: bool = False) -> None:
         epoch = int(state.epoch) + 1 if state.epoch is not None else None
         ctx.heartbeat.beat(state.global_step, total=state.max_steps or None, epoch=epoch, phase=phase, force=force)
 
     class RunContextCallback(TrainerCallback):
+        def __init__(self):
+            self.preempted_at: int | None = None
+
         def on_step_end(self, args, state, control, **kwargs):
             beat(state)
+            # Every rank, every optimizer step (a collective). At the last step the run just finishes.
+            if stop_request.should_stop() and state.global_step < state.max_steps:
+                self.preempted_at = state.global_step
+                control.should_save = True  # checkpoint-N where last_huggingface_checkpoint finds it
+                control.should_training_stop = True
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             values = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, Number) and not isinstance(v, bool)}
@@ -38,11 +54,17 @@ def huggingface_callback(ctx: RunContext):
 
         def on_save(self, args, state, control, **kwargs):
             beat(state, "checkpointing", force=True)
+            if self.preempted_at is not None:
+                # The Trainer has written its checkpoint (rank 0 the model and optimizer, each rank its RNG
+                # state); ``stop`` waits for every rank before the marker, then exits.
+                beat(state, "preempted", force=True)
+                stop_request.stop(rank=ctx.dist.rank, step=state.global_step)
 
         def on_evaluate(self, args, state, control, **kwargs):
             beat(state, "validating", force=True)
 
         def on_train_end(self, args, state, control, **kwargs):
+            stop_request.finish()
             beat(state, "finished", force=True)
 
     return RunContextCallback()
@@ -56,9 +78,11 @@ def last_huggingface_checkpoint(ctx: RunContext) -> str | None:
 
 
 def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: int):
-    """A ``lightning.pytorch.Callback`` bound to ``ctx``: heartbeats, progress lines, metrics and a
-    checkpoint every ``every_steps`` optimizer steps (and at the end of each epoch)."""
+    """A ``lightning.pytorch.Callback`` bound to ``ctx``: heartbeats, progress lines, metrics, a
+    checkpoint every ``every_steps`` optimizer steps (and at the end of each epoch), and the stop on SIGTERM."""
     import pytorch_lightning as pl
+
+    stop_request = preemption.install()
 
     class LightningRunContext(pl.Callback):
         def __init__(self):
@@ -72,6 +96,9 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             ctx.heartbeat.beat(trainer.global_step, phase="setting up", force=True)
 
         def on_train_start(self, trainer, pl_module):
+            # Lightning's own SIGTERM handler, installed when fit starts, broadcasts from inside the handler
+            # on whichever rank the signal reaches first, and stops without a checkpoint: ours decides.
+            stop_request.take_signal()
             ctx.heartbeat.beat(trainer.global_step, phase="starting", force=True)
             self.started = time.perf_counter()
             self.resumed_from_step = trainer.global_step
@@ -98,6 +125,8 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
                 self._window = (time.perf_counter(), self.samples)
             if every_steps and step % every_steps == 0 and step != self.saved_step:
                 self.save(trainer, step)
+            if stop_request.should_stop() and step < total:  # every rank, every batch: a collective
+                self.stop_preempted(trainer, step)
 
         def on_train_epoch_end(self, trainer, pl_module):
             # After the epoch's validation: the epoch's train_* and val_* metrics are both in.
@@ -113,6 +142,7 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             ctx.heartbeat.beat(trainer.global_step, phase="validating", force=True)
 
         def on_train_end(self, trainer, pl_module):
+            stop_request.finish()
             ctx.heartbeat.beat(trainer.global_step, phase="finished", force=True)
 
         def summary(self) -> dict[str, float]:
@@ -129,6 +159,18 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
                 ctx.checkpoints.save(step, trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
             trainer.strategy.barrier("checkpoint")
             self.saved_step = step
+
+        def stop_preempted(self, trainer, step: int) -> None:
+            """Checkpoint ``step`` (unless just done) and exit every rank with ``PREEMPTED_EXIT_CODE``.
+
+            The exit comes straight from this hook rather than after ``fit`` returns: with
+            ``should_stop`` alone, Lightning would first run a validation and the epoch-end hooks (and
+            ``min_epochs`` may refuse to stop), and the code after ``fit`` would export an unfinished model."""
+            if step != self.saved_step:
+                self.save(trainer, step)
+            trainer.should_stop = True
+            ctx.heartbeat.beat(step, phase="preempted", force=True)
+            stop_request.stop(rank=trainer.global_rank, step=step)
 
     return LightningRunContext()
 

@@ -2,8 +2,10 @@
 
 DDP, gradient accumulation with ``no_sync``, autocast, warm-up and cosine LR, checkpoints holding the
 model, optimizer, scheduler, every rank's RNG and the loader's mid-epoch position, heartbeats,
-throughput and the result file. What is the recipe's comes from its ``TrainSpec``: the model, the
-batch transform (decode, augment, encode) and the loss with its per-sample metric sums.
+throughput, the result file, and a preemption-safe stop (on SIGTERM every rank stops at the same step
+boundary, checkpoints it and exits with ``PREEMPTED_EXIT_CODE``: ``pipeline.train.preemption``). What
+is the recipe's comes from its ``TrainSpec``: the model, the batch transform (decode, augment, encode)
+and the loss with its per-sample metric sums.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -23,8 +25,14 @@ from pipeline.data.reading import TrainingData
 from pipeline.train import distributed
 from pipeline.train.checkpoint import capture_rng, load_state, restore_rng
 from pipeline.train.context import RunContext
+from pipeline.train.preemption import Preemption, exit_preempted
+from pipeline.train.preemption import install as install_preemption
 from pipeline.train.spec import TrainSpec
 from pipeline.train.throughput import Throughput, peak_flops
+
+# How long a preempted rank 0 waits for its buffered metrics: a small share of the launcher's grace period
+# (the checkpoint and the marker are already written); what is left is spilled and replayed later.
+PREEMPTED_FLUSH_S = 2.0
 
 
 def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir: Path) -> dict[str, Any]:
@@ -94,6 +102,9 @@ class _Loop:
                 + (f"; resumed from step {start_step} (epoch {epoch + 1})" if resumed else ""))
 
         metrics: dict[str, float] = resumed["metrics"] if resumed else {}  # the last finished epoch's
+        # From here a SIGTERM is acted on at a step boundary; before, it ends the rank at once, with no
+        # training to lose. Installed before the loaders fork their workers, which it shields.
+        preemption = install_preemption()
         loop_started = time.perf_counter()
         while epoch < tc.epochs:
             self.ddp.train()
@@ -102,6 +113,7 @@ class _Loop:
             count = 0
             batches = iter(self.train_loader)
             step_in_epoch = step - epoch * self.steps_per_epoch
+            stopping = False
             while step_in_epoch < self.steps_per_epoch:
                 waited = time.perf_counter()
                 micro = _next_micro_batches(batches, tc.grad_accum_steps)
@@ -126,7 +138,7 @@ class _Loop:
                 self.scheduler.step()
                 step += 1
                 step_in_epoch += 1
-                meter.step(samples, tokens=sum(self.spec.tokens(b) for b in micro) if self.spec.tokens else 0)
+                meter.step(samples, tokens=sum(self.spec.tokens(self.cfg, b) for b in micro) if self.spec.tokens else 0)
                 ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1)
                 if step % tc.log_every_steps == 0 or step == self.total_steps:
                     figures = meter.window()
@@ -135,9 +147,16 @@ class _Loop:
                                        figures, loop_started)
                         ctx.metrics.log({"step_loss": step_loss.item(), "lr": self.scheduler.get_last_lr()[0],
                                          **figures}, step=step)
-                if (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0
-                        and step_in_epoch < self.steps_per_epoch):
+                mid_epoch = step_in_epoch < self.steps_per_epoch
+                periodic = bool(tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0 and mid_epoch)
+                if periodic:
                     self._save(step, epoch, self.train_loader.state_dict(), metrics)
+                stopping = preemption.should_stop()  # a collective: the same answer at the same step on every rank
+                if stopping and mid_epoch:
+                    if not periodic:
+                        self._save(step, epoch, self.train_loader.state_dict(), metrics)
+                    del batches  # its loader workers end now rather than at interpreter exit
+                    self._stop_preempted(preemption, step)
             train_metrics = _means(dist, sums, count, "train_")
             ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1, phase="validating", force=True)
             metrics = train_metrics | self._validate(step)
@@ -147,6 +166,11 @@ class _Loop:
             # At an epoch end the loader's next position is the start of the next epoch.
             loader_state = {**self.train_loader.state_dict(), "epoch": epoch, "sample_in_epoch": 0}
             self._save(step, epoch, loader_state, metrics)
+            # A stop agreed on at the epoch's last step, or asked for during validation, resumes from the
+            # epoch-end checkpoint just written. After the last epoch the run simply finishes.
+            if epoch < tc.epochs and (stopping or preemption.should_stop(overlap=False)):
+                self._stop_preempted(preemption, step)
+        preemption.finish()
 
         train_wall_s = time.perf_counter() - loop_started
         digests = distributed.gather(dist, distributed.state_digest(self.model))
@@ -165,7 +189,7 @@ class _Loop:
         if dist.is_main:
             ctx.metrics.log({f"train_{k}": v for k, v in throughput.items()}, step=step)
             self.model.eval()
-            result["model_files"] = self.spec.export(self.model, cfg, self.data, ctx.out_dir)
+            result["model_files"] = self.spec.export(cfg, self.model, self.data, ctx.out_dir)
             print(f"saved model files {sorted(result['model_files'])} to {ctx.out_dir}; steps {start_step}..{step}, "
                   + ", ".join(f"{k} {v:,.4g}" for k, v in throughput.items()), flush=True)
         return ctx.finish(result)
@@ -185,6 +209,15 @@ class _Loop:
             path = ctx.checkpoints.save(step, state)
             print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True)
         distributed.barrier(ctx.dist)
+
+    def _stop_preempted(self, preemption: Preemption, step: int) -> NoReturn:
+        """Every rank, once the checkpoint of ``step`` is saved: the marker, rank 0's metrics, then the exit."""
+        ctx = self.ctx
+        ctx.heartbeat.beat(step, total=self.total_steps, phase="preempted", force=True)
+        preemption.conclude(rank=ctx.dist.rank, step=step)
+        if ctx.is_main:
+            ctx.metrics.close(min(self.cfg.train.metrics_flush_timeout_s, PREEMPTED_FLUSH_S), ctx.files.unsent_metrics)
+        exit_preempted()
 
     def _baseline(self) -> dict[str, float] | None:
         """The recipe's metrics of the untrained model (rank 0's), logged as ``baseline_<metric>``."""

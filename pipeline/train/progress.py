@@ -1,9 +1,15 @@
-"""Per-rank heartbeats that the supervisor's stall watchdog reads, and stack dumps on request.
+"""Per-rank heartbeats that the supervisor's stall watchdog reads, stack dumps on request, and the
+preemption marker.
 
 Each rank writes ``rank-R.json`` (pid, step, total, epoch, time) into ``PIPELINE_PROGRESS_DIR``,
 at most every ``interval_s`` and at once on an epoch or checkpoint boundary. The files are
 replaced atomically, so the reader never sees half a heartbeat. Any training script can use
 this: call ``Heartbeat.from_env().beat(step)`` after each optimizer step.
+
+When the ranks stop on SIGTERM (an eviction, a spot reclaim: ``pipeline.train.preemption``), rank 0
+writes ``preempted.json`` there once the checkpoint of the step they agreed on is saved, and every rank
+exits with ``PREEMPTED_EXIT_CODE``: the launcher restarts such an attempt, which resumes at that step.
+This module stays free of torch: the launcher imports it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from typing import Any
 
 PROGRESS_DIR_ENV = "PIPELINE_PROGRESS_DIR"
 DUMP_SIGNAL = signal.SIGUSR1  # the supervisor sends it to every rank before stopping a stalled job
+# EX_TEMPFAIL from sysexits.h: "try again later", which is what a preempted attempt asks for.
+PREEMPTED_EXIT_CODE = 75
+PREEMPTION_FILE = "preempted.json"
 
 
 class Heartbeat:
@@ -46,11 +55,8 @@ class Heartbeat:
         if not force and now - self._last_write < self.interval_s:
             return
         self._last_write = now
-        payload = {"rank": self.rank, "pid": os.getpid(), "step": step, "total": total, "epoch": epoch,
-                   "phase": phase, "time": now}
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, self.path)
+        _write_atomically(self.path, {"rank": self.rank, "pid": os.getpid(), "step": step, "total": total,
+                                      "epoch": epoch, "phase": phase, "time": now})
 
 
 def read_heartbeats(directory: Path) -> dict[int, dict[str, Any]]:
@@ -63,3 +69,26 @@ def read_heartbeats(directory: Path) -> dict[int, dict[str, Any]]:
             continue
         beats[int(beat["rank"])] = beat
     return beats
+
+
+def mark_preempted(progress_dir: Path, *, rank: int, step: int) -> None:
+    """Rank 0, once the checkpoint of ``step`` is saved: tells the launcher why the ranks are exiting."""
+    path = Path(progress_dir) / PREEMPTION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, {"rank": rank, "step": step, "time": time.time()})
+
+
+def read_preemption(progress_dir: Path) -> dict[str, Any] | None:
+    """The preemption marker ({"rank", "step", "time"}) of the attempt whose heartbeats are in
+    ``progress_dir``, or None when its ranks wrote none."""
+    try:
+        return json.loads((Path(progress_dir) / PREEMPTION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
+    # The temporary name starts with a dot: readers that glob rank-*.json never pick it up.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
