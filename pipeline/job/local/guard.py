@@ -10,9 +10,9 @@ the guard sends SIGTERM to every descendant (the torchrun agent, every rank, the
 workers), waits the grace period, then SIGKILLs what is left. It exits with the command's exit code.
 
 Signalling them all at once is safe for a training job: a rank finishes its step, checkpoints and exits
-with ``PREEMPTED_EXIT_CODE`` within the grace period (``pipeline.train.preemption``), and its loader
-workers block SIGTERM, so none dies under its rank before the step boundary (the torchrun agent, on
-SIGTERM, signals each rank's whole process group, workers included, anyway).
+with ``PREEMPTED_EXIT_CODE`` (``pipeline.train.preemption``; the grace period must cover a step and a
+checkpoint), and its loader workers block SIGTERM, so none dies under its rank before the step boundary
+(the torchrun agent, on SIGTERM, signals each rank's whole process group, workers included, anyway).
 """
 
 from __future__ import annotations
