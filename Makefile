@@ -1,8 +1,9 @@
-# Two commands on a fresh machine: `make demo` (the main job; RECIPE=name for another) and `make test`.
+# Two commands on a fresh machine: `make demo` (the main job; RECIPE=name for another, LAUNCH=ray for Ray Train) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 RECIPE ?= tabular_mlp
+LAUNCH ?= local
 
 .PHONY: demo test airflow venv clean ui stack stack-down stack-env
 
@@ -15,7 +16,7 @@ $(VENV)/.installed: requirements.txt
 	touch $@
 
 demo: venv
-	$(PY) -m pipeline.dev.demo --recipe $(RECIPE) $(ARGS)
+	$(PY) -m pipeline.dev.demo --recipe $(RECIPE) --launch $(LAUNCH) $(ARGS)
 
 test: venv
 	bash tests/system-packages.sh

@@ -69,6 +69,10 @@ class DataConfig:
     max_bad_fraction: float = config_field(
         0.01, "With quarantine, the run fails when more than this fraction of rows is bad.", min=0.0, max=1.0
     )
+    reader: str = config_field(
+        "mds", "What feeds the training split to the ranks: mds reads the published shards in each rank "
+        "(resumes mid-epoch at the exact sample); ray streams them through Ray Data (launch.kind=ray only).",
+        choices=["mds", "ray"])
     workers: int = config_field(2, "Processes converting input units in parallel, the preparing one included.", min=1, max=256)
     unit_bytes: int = config_field(
         16 << 20, "Uncompressed input bytes per work unit (whole Parquet row groups, IDX rows, image files; "
@@ -162,13 +166,44 @@ class KubernetesConfig:
 
 
 @dataclass(kw_only=True)
+class RayConfig:
+    """``launch.kind = ray``: one Ray job per attempt, submitted through the Ray Jobs API; its driver runs Ray
+    Train's ``TorchTrainer`` with ``launch.nnodes x launch.nproc_per_node`` workers, each running the same
+    entry as a torchrun rank (pipeline.job.ray)."""
+
+    address: str = config_field(
+        "", "Ray dashboard address of a running cluster (http://HOST:8265); empty: the connection's host, and "
+        "without one a local cluster started for the task on 127.0.0.1 and stopped with it.")
+    connection_id: str = config_field(
+        "ray_default", "Airflow connection of the cluster: host and port give the address, the password (or "
+        "extra token) is sent as a bearer token (Ray's token authentication).")
+    python: str = config_field(
+        "", "Interpreter of the job's driver on the cluster (the project installed beside Ray); empty: python on "
+        "a cluster's PATH, this interpreter for a local cluster.")
+    cpus_per_worker: float = config_field(
+        1.0, "CPUs each training worker reserves; fractional values leave CPUs to Ray Data on small nodes.",
+        min=0.0, max=1024.0)
+    min_workers: int = config_field(
+        0, "Elastic lower bound: an attempt starts (or restarts after losing a node) with as few workers as "
+        "this when no more fit; 0: exactly launch.nnodes x launch.nproc_per_node.", min=0, max=65_536)
+    local_cpus: int = config_field(0, "CPUs of the local cluster; 0: this machine's.", min=0, max=4096)
+    start_timeout_s: float = config_field(
+        600.0, "The job must be running this long after its submission, or the attempt fails as not started.",
+        min=1.0)
+    deferrable: bool = config_field(
+        False, "TorchrunOperator and @task.torchrun wait in the triggerer while the job runs instead of holding "
+        "a worker slot (needs launch.ray.address or the connection: a local cluster lives in the task).")
+
+
+@dataclass(kw_only=True)
 class LaunchConfig:
     """Where and how the ranks run: one definition for the pipeline's train stage, ``TorchrunOperator``
     and ``@task.torchrun`` (their keyword arguments are these fields)."""
 
     kind: str = config_field(
         "local", "Launcher: local runs torchrun as processes of this worker; kubernetes runs one pod per node "
-        "(launch.kubernetes.*).", choices=["local", "kubernetes"],
+        "(launch.kubernetes.*); ray runs Ray Train workers on a Ray cluster (launch.ray.*).",
+        choices=["local", "kubernetes", "ray"],
     )
     nnodes: int = config_field(1, "Nodes (machines) of the job; with the local launcher, more than one needs rdzv_endpoint.", min=1, max=1024)
     nproc_per_node: int = config_field(2, "Training processes (ranks) on each node.", min=1, max=64)
@@ -194,6 +229,12 @@ class LaunchConfig:
         "long; 0 disables the watchdog.", min=0.0,
     )
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    @property
+    def deferrable(self) -> bool:
+        """Whether the place of ``kind`` waits in Airflow's triggerer (its section's ``deferrable``)."""
+        return bool(getattr(getattr(self, self.kind, None), "deferrable", False))
 
 
 @dataclass(kw_only=True)

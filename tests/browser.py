@@ -3,6 +3,7 @@ uses the UI; nothing is downloaded at run time. Each step leaves a screenshot in
 
 from __future__ import annotations
 
+import base64
 import shutil
 import time
 from pathlib import Path
@@ -35,6 +36,17 @@ class Browser:
         self.step += 1
         path = self.artifacts / f"{self.step:02d}-{name}.png"
         self.driver.save_screenshot(str(path))
+        return path
+
+    def page_shot(self, name: str) -> Path:
+        """The whole page, beyond the window's height (Chromium's DevTools capture)."""
+        width, height = self.driver.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+        shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {
+            "captureBeyondViewport": True, "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}})
+        self.step += 1
+        path = self.artifacts / f"{self.step:02d}-{name}.png"
+        path.write_bytes(base64.b64decode(shot["data"]))
         return path
 
     def wait(self, find, what: str, timeout_s: float = 60):

@@ -1,5 +1,5 @@
 """Airflow connections the pipeline reads: MLflow's (``PIPELINE_MLFLOW_CONN_ID``, default ``mlflow_default``)
-and the Kubernetes provider's, for the Kubernetes place (the only lookups the job layer asks of Airflow)."""
+and the clusters of the Kubernetes and Ray places (the only lookups the job layer asks of Airflow)."""
 
 from __future__ import annotations
 
@@ -59,3 +59,25 @@ def kubernetes_async_connection(connection_id: str):
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 
     return AsyncKubernetesHook(conn_id=connection_id).get_conn()
+
+
+def ray_connection(connection_id: str) -> tuple[str | None, str | None]:
+    """(dashboard address, bearer token) of a Ray cluster's Airflow connection; (None, None) without one.
+
+    The address is ``http://host:port`` (the schema or ``https`` in the host is kept; port 8265 by
+    default); the token is the password, or ``token`` in the extra."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = BaseHook.get_connection(connection_id)
+    except AirflowNotFoundException:
+        return None, None
+    except Exception as exc:
+        raise InfraError(f"looking up the Airflow connection {connection_id!r} for Ray failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    token = conn.password or (conn.extra_dejson or {}).get("token") or None
+    if not conn.host:
+        return None, token
+    host = conn.host if "://" in conn.host else f"{conn.schema or 'http'}://{conn.host}"
+    return f"{host}:{conn.port or 8265}", token

@@ -1,4 +1,4 @@
-"""The supervisor's policy for a deferred task (``launch.kubernetes.deferrable``): an attempt split around
+"""The supervisor's policy for a deferred task (``launch.<kind>.deferrable``): an attempt split around
 Airflow's triggerer, so that no worker slot waits for the job.
 
 ``start`` (on a worker) prepares the job folder as every attempt does, submits the attempt to the place
@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from pipeline.errors import ConfigError
 from pipeline.job.spec import JobSpec
-from pipeline.job.supervisor import Attempt, Ended, begin_attempt, outcome, place_for
+from pipeline.job.supervisor import Attempt, Ended, begin_attempt, max_restarts, outcome, place_for
 
 
 def deferrable_place(spec: JobSpec):
@@ -53,8 +53,9 @@ def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, st
     error = outcome(Ended(str(event.get("status")), str(event.get("message", ""))), attempt)
     if error is None:
         return spec.files.read_result()
-    if getattr(error, "restartable", False) and restart < spec.launch.max_restarts:
+    restarts = max_restarts(place, spec.launch)
+    if getattr(error, "restartable", False) and restart < restarts:
         operator.log.info("%s; restarting every rank (%d of %d); training resumes from its last checkpoint",
-                          str(error).splitlines()[0], restart + 1, spec.launch.max_restarts)
+                          str(error).splitlines()[0], restart + 1, restarts)
         start(operator, spec, restart=restart + 1, started=started)
     raise error

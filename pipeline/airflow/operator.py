@@ -71,7 +71,7 @@ class TorchrunOperator(BaseOperator):
         started = time.time()
         with user_errors_fail():
             spec = self._spec(context)
-            if spec.launch.kind == "kubernetes" and spec.launch.kubernetes.deferrable:
+            if spec.launch.deferrable:
                 from pipeline.airflow.deferred import start as defer_attempt
 
                 defer_attempt(self, spec, restart=0, started=started)
@@ -82,7 +82,7 @@ class TorchrunOperator(BaseOperator):
             return self._result(context, spec, result, time.time() - started)
 
     def execute_complete(self, context, event: dict[str, Any], restart: int, started: float) -> Any:
-        """Back from the triggerer (``launch.kubernetes.deferrable``): tear the attempt down, then rank 0's
+        """Back from the triggerer (``launch.<kind>.deferrable``): tear the attempt down, then rank 0's
         result, a user error without retries, a replacement attempt within ``max_restarts``, or the failure."""
         from pipeline.airflow.deferred import complete as complete_attempt
 
@@ -161,7 +161,7 @@ def _decorated_operator_class() -> type:
                 payload.write_bytes(_pickle_call(self.python_callable, list(self.op_args), dict(kwargs)))
                 result.unlink(missing_ok=True)
                 self.entry = ["-m", "pipeline.job.function", str(payload), str(result)]
-                TorchrunOperator.execute(self, context)  # defers with launch.kubernetes.deferrable
+                TorchrunOperator.execute(self, context)  # defers with launch.<kind>.deferrable
                 return self._return_value(context)
 
             def execute_complete(self, context, event, restart, started) -> Any:

@@ -18,6 +18,8 @@ from pipeline import settings
 from pipeline.results import Promotion
 
 DEFAULT_RECIPE = "tabular_mlp"
+# --launch: the run's config overrides. Ray: half a CPU per worker leaves CPUs to Ray Data on small machines.
+LAUNCHES = {"local": {}, "ray": {"launch.kind": "ray", "launch.ray.cpus_per_worker": 0.5, "data.reader": "ray"}}
 
 
 def run_dag(dag_id: str, conf: dict[str, Any], dag_file: Path | None = None):
@@ -95,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.dev.demo", description=__doc__)
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, help=f"recipe (and DAG) to run (default {DEFAULT_RECIPE})")
     parser.add_argument("--conf", default="{}", help="extra DAG run conf as JSON, e.g. '{\"epochs\": 3}'")
+    parser.add_argument("--launch", choices=sorted(LAUNCHES), default="local",
+                        help="where training runs: local (torchrun) or ray (Ray Train on a local Ray cluster, "
+                        "fed by Ray Data)")
     args = parser.parse_args(argv)
 
     settings.apply_airflow_env()
@@ -105,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     input_path = recipe.demo_input()
     migrate_airflow_db()
     conf = {"input_path": input_path, "variant": "demo", **json.loads(args.conf)}
+    if LAUNCHES[args.launch]:
+        conf["overrides"] = {**LAUNCHES[args.launch], **conf.get("overrides", {})}
     dag_run = run_dag(recipe.name, conf)
     state = str(getattr(dag_run.state, "value", dag_run.state))
     from pipeline.stages.run import RunInfo

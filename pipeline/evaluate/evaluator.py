@@ -5,11 +5,14 @@ Light: no mlflow or torch at import (a recipe's ``TrainSpec`` names its evaluato
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
 
-# What ``score`` returns for one model: ``{"metrics": {name: value}, "details": {...}}``; the stage adds
-# ``"version"`` and hands ``{"challenger": ..., "champion": ... or None}`` of these to the report.
+if TYPE_CHECKING:
+    from pipeline.evaluate.report.document import History, Section
+
+# What ``score`` returns for one model: ``{"metrics": {name: value}, "details": {...}}``; ``details["baseline"]``,
+# when there is one, holds the baseline's metrics on the same rows. The stage adds ``"version"`` and hands
+# ``{"challenger": ..., "champion": ... or None}`` of these to the report.
 Scored = dict[str, Any]
 
 
@@ -17,21 +20,19 @@ Scored = dict[str, Any]
 class Evaluator(Protocol):
     # Metric -> higher is better: what the gate may compare (``evaluate.metric``, ``evaluate.guardrails``).
     metrics: Mapping[str, bool]
-    # Metrics of the challenger's MLflow run whose history the report plots.
+    # Metrics of each model's MLflow run whose history the report plots.
     history_keys: tuple[str, ...]
+    # What the report shows beside the models ("majority class", "popularity", "untrained model"), or None.
+    baseline: str | None
 
     def score(self, model_uri: str, inputs: Any, labels: Any, cfg: Any, /) -> Scored:
         """Load the registered model at ``model_uri`` and score it on ``inputs`` against ``labels`` (what the
         recipe's ``evaluation_inputs`` returned); ``cfg`` is the run's config."""
         ...
 
-    def write_report(self, out_dir: Path, *, model_name: str, classes: list, scored: Mapping[str, Scored | None],
-                     history: dict[str, list[tuple[int, float]]], decision: dict[str, Any]) -> list[Path]:
-        """Write the report (``report.html`` among them) into ``out_dir``; return the files written."""
-        ...
-
-    def text_summary(self, classes: list, scored: Mapping[str, Scored | None], decision: dict[str, Any]) -> str:
-        """A compact text version of the report for the task log."""
+    def report_sections(self, classes: list, scored: Mapping[str, Scored | None], history: History, /) -> list[Section]:
+        """The recipe's part of the report (``pipeline.evaluate.report``): its tables, plots and samples, with
+        the champion beside the challenger in each."""
         ...
 
 

@@ -1,5 +1,5 @@
 """Evaluation of a causal LM: held-out token loss and perplexity, exact match of greedy generations
-(batched) against the references, and a report with sample generations.
+(batched) against the references, and the report's sample generations, each model's beside the reference.
 
 ``LmEvaluator.score`` loads a registered version's model and tokenizer (``mlflow.transformers``
 components) and scores them itself: the loss needs the model, not only its generated text. The generation
@@ -8,9 +8,7 @@ and exact match are shared with the llm_sft recipe's baseline (the untrained mod
 
 from __future__ import annotations
 
-import html
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,7 +76,8 @@ def uses_chat_template(tokenizer) -> bool:
 
 class LmEvaluator:
     metrics = LANGUAGE_MODEL
-    history_keys = ("train_loss", "val_loss")
+    history_keys = ("train_loss", "val_loss", "train_token_accuracy", "val_token_accuracy")
+    baseline = "untrained model"  # its exact match, logged by the recipe's baseline hook before training
 
     def score(self, model_uri: str, inputs: dict[str, Any], references: np.ndarray, cfg) -> dict[str, Any]:
         """Exact match of greedy generations (the first ``model.eval_max_examples``) and the token loss."""
@@ -98,59 +97,24 @@ class LmEvaluator:
                    for p, r, g in list(zip(prompts, refs, generated))[:mc.report_samples]]
         return {"metrics": metrics, "details": {"samples": samples}}
 
-    def write_report(self, out_dir: Path, *, model_name: str, classes: list, scored: dict[str, Any],
-                     history: dict[str, list[tuple[int, float]]], decision: dict[str, Any]) -> list[Path]:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        files = []
-        if any(history.values()):
-            import matplotlib
+    def report_sections(self, classes: list, scored: dict[str, Any], history) -> list:
+        from pipeline.evaluate.report.document import Sample, Samples, Section, role_labels
+        from pipeline.evaluate.report.plots import training_curves
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            for key, points in history.items():
-                if points:
-                    ax.plot(*zip(*sorted(points)), label=key)
-            ax.set_xlabel("step")
-            ax.set_ylabel("loss per completion token")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(out_dir / "loss.png", dpi=90)
-            plt.close(fig)
-            files.append(out_dir / "loss.png")
-        present = {role: s for role, s in scored.items() if s is not None}
-        rows = "".join(
-            f"<tr><td>{role} (version {s['version']})</td>" + "".join(
-                f"<td>{s['metrics'].get(k, float('nan')):.4f}</td>" for k in self.metrics) + "</tr>"
-            for role, s in present.items())
-        parts = [f"<h1>{html.escape(model_name)}</h1>",
-                 f"<p>Gate: {html.escape(str(decision.get('status')))}: {html.escape(str(decision.get('reason')))}</p>",
-                 "<table border=1><tr><th>model</th>" + "".join(f"<th>{k}</th>" for k in self.metrics) + f"</tr>{rows}</table>"]
-        if files:
-            parts.append('<img src="loss.png">')
-        for role, s in present.items():
-            samples = s["details"]["samples"]
-            parts.append(f"<h2>Sample generations: {role}</h2><table border=1><tr><th>prompt</th><th>reference</th>"
-                         "<th>generated</th><th>match</th></tr>" + "".join(
-                             f"<tr><td><pre>{html.escape(x['prompt'])}</pre></td><td>{html.escape(x['reference'])}</td>"
-                             f"<td>{html.escape(x['generated'])}</td>"
-                             f"<td>{'yes' if x['generated'].strip() == x['reference'].strip() else 'no'}</td></tr>"
-                             for x in samples) + "</table>")
-        (out_dir / "report.html").write_text("<html><body>" + "".join(parts) + "</body></html>")
-        return [out_dir / "report.html", *files]
-
-    def text_summary(self, classes: list, scored: dict[str, Any], decision: dict[str, Any]) -> str:
-        lines = []
-        for role, s in scored.items():
-            if s is not None:
-                lines.append(f"{role} version {s['version']}: " + ", ".join(
-                    f"{k} {s['metrics'][k]:.4f}" for k in self.metrics))
-                lines += [f"  {x['prompt']!r} -> {x['generated']!r} (reference {x['reference']!r})"
-                          for x in s["details"]["samples"][:5]]
-        lines.append(f"gate {decision.get('status')}: {decision.get('reason')}")
-        return "\n".join(lines)
+        labels = role_labels(scored)
+        # Every model generates for the same first prompts of the split: a row per prompt, a column per model.
+        by_prompt = {role: {x["prompt"]: x["generated"] for x in scored[role]["details"]["samples"]} for role in labels}
+        rows = tuple(Sample(x["prompt"], x["reference"], {role: by_prompt[role][x["prompt"]] for role in labels
+                                                           if x["prompt"] in by_prompt[role]})
+                     for x in scored["challenger"]["details"]["samples"])
+        samples = Samples(f"{len(rows)} greedy generations against their references: ✓ exact match, ✗ not; "
+                          "words the reference lacks are marked, words the generation lacks struck through",
+                          labels, rows)
+        sections = [Section("Sample generations", (samples,))]
+        curves = training_curves(history, labels)
+        if curves is not None:
+            sections.append(Section("Training", (curves,)))
+        return sections
 
 
 EVALUATOR = LmEvaluator()

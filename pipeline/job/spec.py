@@ -8,7 +8,9 @@ What every place guarantees is ``pipeline.job.supervisor``'s.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,7 +18,8 @@ from typing import Any, Sequence
 from pipeline.config import LaunchConfig, PipelineConfig
 
 # launch.kind -> the place that runs its attempts (pipeline.job.supervisor.Place), imported on use.
-PLACES = {"local": "pipeline.job.local.place:LocalPlace", "kubernetes": "pipeline.job.kubernetes.place:KubernetesPlace"}
+PLACES = {"local": "pipeline.job.local.place:LocalPlace", "kubernetes": "pipeline.job.kubernetes.place:KubernetesPlace",
+          "ray": "pipeline.job.ray.place:RayPlace"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,16 @@ class JobSpec:
     @property
     def files(self) -> JobFiles:
         return JobFiles(Path(self.job_dir))
+
+
+def attempt_id(spec_name: str, labels: dict[str, str], restart: int = 0) -> str:
+    """A DNS-1123 name unique per DAG run, task, try and restart, at most 52 characters: the Kubernetes
+    place's object names (a pod's hostname ``NAME-INDEX`` must fit in 63), the Ray place's submission id."""
+    identity = json.dumps([spec_name, labels.get("dag_id"), labels.get("run_id"), labels.get("task_id"),
+                           labels.get("map_index"), labels.get("try_number"), restart])
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    readable = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", spec_name.lower())).strip("-")[:35].strip("-") or "job"
+    return f"{readable}-{digest}-r{restart}"
 
 
 def launch_config(options: dict[str, Any] | LaunchConfig | None = None) -> LaunchConfig:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Protocol
 
 from pipeline.errors import (NotStarted, TrainingFailed, TrainingPreempted, TrainingStalled, TrainingStopped,
                              TrainingTimedOut, reported_user_error)
-from pipeline.job.spec import JobSpec
+from pipeline.job.spec import JobSpec, attempt_id
 from pipeline.train.progress import read_heartbeats
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,11 @@ class Attempt:
     def name(self) -> str:
         """Unique per DAG run, task, try and restart: rendezvous ids, the place's object names."""
         return f"{self.spec.name}-{self.restart}"
+
+    @property
+    def id(self) -> str:
+        """The same, DNS-1123 and at most 52 characters: a place's object names and idempotency keys."""
+        return attempt_id(self.spec.name, self.spec.labels, self.restart)
 
     @property
     def log_dir(self) -> Path:
@@ -80,7 +85,8 @@ class Ended:
 
 
 class Place(Protocol):
-    """Where attempts run. Nothing here decides what an ending means: ``outcome`` does."""
+    """Where attempts run. Nothing here decides what an ending means: ``outcome`` does. A place whose engine
+    restarts failed ranks within an attempt (``restarts_itself``: Ray Train) gets no restarts from here."""
 
     def start(self, attempt: Attempt, emit: Emit) -> None:
         """Start the attempt; its output lines go to ``emit`` (from any thread), prefixed with rank or node."""
@@ -94,6 +100,11 @@ class Place(Protocol):
 
     def dump_stacks(self, beats: dict[int, dict[str, Any]], emit: Emit) -> None:
         """Ask the ranks of a stalled attempt for their stack traces, where the place can reach them."""
+
+
+def max_restarts(place: Place, launch) -> int:
+    """How many times the supervisor replaces a failed attempt on this place."""
+    return 0 if getattr(place, "restarts_itself", False) else launch.max_restarts
 
 
 def begin_attempt(attempt: Attempt) -> None:
@@ -174,14 +185,15 @@ class Supervisor:
         emit = self._logger(emit or log.info)
         launch = self.spec.launch
         previous = _forward_termination(self.stop)
+        restarts = max_restarts(self.place, launch)
         try:
-            for restart in range(launch.max_restarts + 1):
+            for restart in range(restarts + 1):
                 error = self._attempt(Attempt(self.spec, restart), emit)
                 if error is None:
                     return self.spec.files.read_result()
-                if not getattr(error, "restartable", False) or restart == launch.max_restarts or self._stopped.is_set():
+                if not getattr(error, "restartable", False) or restart == restarts or self._stopped.is_set():
                     raise error
-                emit(f"{str(error).splitlines()[0]}; restarting every rank ({restart + 1} of {launch.max_restarts}); "
+                emit(f"{str(error).splitlines()[0]}; restarting every rank ({restart + 1} of {restarts}); "
                      f"training resumes from its last checkpoint")
         finally:
             _restore(previous)

@@ -170,6 +170,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
     the gate fails with that reason and the run goes on to ``promote``, which keeps the champion."""
     from pipeline.data.reading import TrainingData
     from pipeline.evaluate.gate import decide, not_comparable
+    from pipeline.evaluate.report import build_report, publish
     from pipeline.registry import models, tracking
     from pipeline.registry.links import run_url
 
@@ -204,22 +205,19 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
                               evaluator.metrics)
 
         mlflow_client = tracking.client()
-        metrics = {f"test_{k}": v for k, v in challenger["metrics"].items()}
-        if champion is not None:
-            metrics |= {f"champion_test_{k}": v for k, v in champion["metrics"].items()}
-        tracking.log_metrics_now(run_id, metrics)
-        history = {key: [(m.step, m.value) for m in mlflow_client.get_metric_history(run_id, key)]
-                   for key in evaluator.history_keys}
+        runs = {models.CHALLENGER: run_id} | ({models.CHAMPION: champion_version.run_id} if champion else {})
+        history = {role: {key: [(m.step, m.value) for m in mlflow_client.get_metric_history(run, key)]
+                          for key in evaluator.history_keys} for role, run in runs.items()}
+        report = build_report(evaluator, model_name=name, classes=classes, scored=scored, history=history,
+                              decision=decision.to_dict(), logged=mlflow_client.get_run(run_id).data.metrics,
+                              facts=(f"{len(labels)} test rows of dataset version {dataset.version}",))
         report_dir = run.workdir / "evaluate" / "report"
-        files = evaluator.write_report(report_dir, model_name=name, classes=classes, scored=scored, history=history,
-                                       decision=decision.to_dict())
-        for path in files:
-            mlflow_client.log_artifact(run_id, str(path), artifact_path="evaluation")
+        publish(report, report_dir, log_metrics=lambda metrics: tracking.log_metrics_now(run_id, metrics),
+                log_artifact=lambda path: mlflow_client.log_artifact(run_id, str(path), artifact_path="evaluation"))
         models.tag_version(name, version, decision.tags() | {
             f"test_{k}": round(v, 6) for k, v in challenger["metrics"].items()
         } | {"validation.test_rows": len(labels), "validation.dataset_version": dataset.version})
-    log.info("evaluation of %s on %d test rows (dataset %s):\n%s", name, len(labels), dataset.version,
-             evaluator.text_summary(classes, scored, decision.to_dict()))
+    log.info("evaluation of %s on %d test rows (dataset %s):\n%s", name, len(labels), dataset.version, report.text())
     return Evaluation(
         challenger=ModelScore(version=challenger["version"], metrics=challenger["metrics"]),
         champion=ModelScore(version=champion["version"], metrics=champion["metrics"]) if champion else None,

@@ -1,4 +1,5 @@
-"""Process-group setup that works with and without torchrun (DDP is on when RANK is set)."""
+"""Process-group setup that works with and without a launcher (DDP is on when RANK is set): torchrun's ranks
+initialise the group here, Ray Train's workers find it initialised."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def setup(backend: str = "auto") -> DistContext:
     if cuda:
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    dist.init_process_group(backend=backend)
+    if not dist.is_initialized():  # Ray Train initialises it before the worker's function runs
+        dist.init_process_group(backend=backend)
     return DistContext(dist.get_rank(), local_rank, dist.get_world_size(), device, backend)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,6 +26,7 @@ from pipeline.data.reading import TrainingData
 from pipeline.train import distributed
 from pipeline.train.checkpoint import capture_rng, load_state, restore_rng
 from pipeline.train.context import RunContext
+from pipeline.train.export import saved_model_files
 from pipeline.train.preemption import Preemption, exit_preempted
 from pipeline.train.preemption import install as install_preemption
 from pipeline.train.spec import TrainSpec
@@ -45,7 +47,9 @@ def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir:
             clean_stale_shared_memory()  # what ranks of a previous (restarted) attempt left behind
         distributed.barrier(dist)
         ctx = RunContext(cfg, dist, Path(out_dir))
-        data = TrainingData.open(datasets, ctx.out_dir / "cache")  # cache shared by the ranks of a node
+        # One cache per node, shared by its ranks: the job folder may be one volume that every node mounts.
+        node = dist.rank // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        data = TrainingData.open(datasets, ctx.out_dir / "cache" / f"node-{node}")
         if spec.run is not None:
             started = time.perf_counter()
             outcome = spec.run(cfg, ctx, data)
@@ -63,6 +67,18 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16), use_bf16
 
 
+def train_loader(cfg: PipelineConfig, data: TrainingData, transform):
+    """The training split's loader: the published shards read in this rank (``data.reader = mds``) or Ray
+    Data's stream (``ray``); either resumes from its ``state_dict``."""
+    tc = cfg.train
+    if cfg.data.reader == "ray":
+        from pipeline.data.ray_reader import ray_loader
+
+        return ray_loader(data, "train", batch_size=tc.batch_size, shuffle=True, seed=tc.seed, transform=transform)
+    return data.loader("train", batch_size=tc.batch_size, shuffle=True, seed=tc.seed, num_workers=tc.num_workers,
+                       transform=transform)
+
+
 class _Loop:
     def __init__(self, cfg: PipelineConfig, spec: TrainSpec, ctx: RunContext, data: TrainingData):
         self.cfg, self.spec, self.ctx, self.data = cfg, spec, ctx, data
@@ -73,8 +89,7 @@ class _Loop:
         torch.manual_seed(tc.seed + dist.rank)
         np.random.seed(tc.seed + dist.rank)
         self.optimizer = torch.optim.AdamW(self.ddp.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay)
-        self.train_loader = data.loader("train", batch_size=tc.batch_size, shuffle=True, seed=tc.seed,
-                                        num_workers=tc.num_workers, transform=spec.batch_transform(cfg, data, True))
+        self.train_loader = train_loader(cfg, data, spec.batch_transform(cfg, data, True))
         self.val_loader = data.loader("val", batch_size=tc.batch_size, shuffle=False, seed=tc.seed,
                                       num_workers=tc.num_workers, transform=spec.batch_transform(cfg, data, False))
         micro_per_epoch = math.ceil(len(self.train_loader.dataset) / tc.batch_size)  # this rank's share
@@ -189,7 +204,8 @@ class _Loop:
         if dist.is_main:
             ctx.metrics.log({f"train_{k}": v for k, v in throughput.items()}, step=step)
             self.model.eval()
-            result["model_files"] = self.spec.export(cfg, self.model, self.data, ctx.out_dir)
+            result["model_files"] = saved_model_files(
+                ctx.out_dir, self.model, lambda folder: self.spec.export(cfg, self.model, self.data, folder))
             print(f"saved model files {sorted(result['model_files'])} to {ctx.out_dir}; steps {start_step}..{step}, "
                   + ", ".join(f"{k} {v:,.4g}" for k, v in throughput.items()), flush=True)
         return ctx.finish(result)

@@ -40,7 +40,7 @@ def test_unknown_section_or_nested_field_is_refused_with_the_keys_that_exist():
         ("train.epochs", 0, "train.epochs=0: expected a value >= 1"),
         ("train.learning_rate", "fast", "expected float"),
         ("launch.backend", "mpi", "expected one of ['auto', 'gloo', 'nccl']"),
-        ("launch.kind", "slurm", "launch.kind='slurm': expected one of ['local', 'kubernetes']"),
+        ("launch.kind", "slurm", "launch.kind='slurm': expected one of ['local', 'kubernetes', 'ray']"),
         ("model.hidden_sizes", [64, 0], "model.hidden_sizes[1]=0: expected a value >= 1"),
         ("train.batch_size", True, "expected int, got bool"),
         ("data.val_fraction", 0.9, "expected a value <= 0.5"),

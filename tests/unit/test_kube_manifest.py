@@ -11,7 +11,8 @@ from kubernetes import client as k8s
 
 from pipeline.errors import ConfigError
 from pipeline.job.kubernetes.place import manifests_for
-from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, deserialize, object_name, rendered_pod, serialize
+from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, deserialize, rendered_pod, serialize
+from pipeline.job.spec import attempt_id
 from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.supervisor import Attempt
 
@@ -127,7 +128,7 @@ def test_every_launch_kubernetes_field_reaches_the_manifest():
 
 def test_names_are_unique_per_run_try_and_restart_and_fit_a_pod_hostname():
     labels = {"dag_id": "a" * 200, "run_id": "scheduled__2026-11-30T00:00:00+00:00", "task_id": "train", "try_number": "1"}
-    names = {object_name("x" * 300, {**labels, "run_id": run, "try_number": t}, r)
+    names = {attempt_id("x" * 300, {**labels, "run_id": run, "try_number": t}, r)
              for run in ("r1", "r2") for t in ("1", "2") for r in (0, 1)}
     assert len(names) == 8
     for name in names:

@@ -59,7 +59,8 @@ def test_gate_respects_the_metric_direction():
 
 
 def test_report_has_plots_tables_and_both_models(tmp_path):
-    from pipeline.evaluate.report import score_details, text_summary, write_report
+    from pipeline.evaluate.classification import EVALUATOR, score_details
+    from pipeline.evaluate.report import build_report, write_report
 
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 2, 200)
@@ -73,14 +74,15 @@ def test_report_has_plots_tables_and_both_models(tmp_path):
     assert scored["challenger"]["details"]["curves"]["roc_auc"] > 0.95
     assert 0.35 < scored["champion"]["details"]["curves"]["roc_auc"] < 0.65
     decision = decide(_cfg(), scored["challenger"]["metrics"], scored["champion"]["metrics"], CLASSIFICATION).to_dict()
-    files = write_report(tmp_path, model_name="m", classes=["no", "yes"], scored=scored,
-                         history={"train_loss": [(1, 0.9), (2, 0.5)]}, decision=decision)
-    assert sorted(f.name for f in files) == ["confusion_matrix.png", "per_class_f1.png", "report.html", "roc_pr.png",
-                                             "training_curves.png"]
+    report = build_report(EVALUATOR, model_name="m", classes=["no", "yes"], scored=scored, decision=decision,
+                          history={"challenger": {"train_loss": [(1, 0.9), (2, 0.5)]}})
+    files = write_report(report, tmp_path)
+    assert sorted(f.name for f in files) == ["confusion_matrix.png", "metrics.json", "per_class_f1.png", "report.html",
+                                             "roc_pr.png", "training_curves.png"]
     assert all(f.read_bytes()[:4] == b"\x89PNG" for f in files if f.suffix == ".png")
     page = (tmp_path / "report.html").read_text()
     assert "challenger v2" in page and "champion v1" in page and page.count("data:image/png;base64,") == 4
-    text = text_summary(["no", "yes"], scored, decision)
+    text = report.text()
     assert "accuracy" in text and "gate: passed" in text
 
 

@@ -5,7 +5,10 @@ server of ``tests/kube_standin.py`` (no Kubernetes API server can run on the pro
 launcher and the official client are real, the stand-in plays the scheduler, the Job controller and the
 kubelet, and writes into the job folder what the ranks would), and ``kubernetes-deferred``: the same
 attempts split around Airflow's triggerer (``pipeline.airflow.deferred`` on the worker's side, the real
-``AttemptTrigger`` run to its event as the triggerer runs it).
+``AttemptTrigger`` run to its event as the triggerer runs it); ``ray``: a real Ray cluster on this machine
+(one head, started once for the module), each attempt a Ray job whose Ray Train workers run the rank
+script, and ``ray-deferred`` the same around the triggerer. Ray Train restarts failed workers itself, within
+the attempt: there ``attempts`` counts the worker groups Ray started.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from tests.processes import wait_until_gone
 
 pytestmark = pytest.mark.distributed
 
-PLACES = ["local", "kubernetes", "kubernetes-deferred"]
+PLACES = ["local", "kubernetes", "kubernetes-deferred", "ray", "ray-deferred"]
 CONN = "k8s_contract"
 # What every place exports to every rank (pipeline.job.supervisor.Attempt.env).
 RANK_ENV = ("PIPELINE_JOB_DIR", "PIPELINE_CHECKPOINT_DIR", "PIPELINE_RESULT_FILE", "PIPELINE_PROGRESS_DIR",
@@ -158,6 +161,53 @@ class DeferredKubernetesPlace(KubernetesPlace):
     deferred = True
 
 
+class RayContractPlace:
+    """A Ray job on the module's cluster; its Ray Train workers run ``contract_rank.py``."""
+
+    deferred = False
+
+    def __init__(self, tmp_path: Path, monkeypatch, address: str):
+        self.tmp_path, self.address = tmp_path, address
+        (tmp_path / "contract_rank.py").write_text(RANK)
+
+    def spec(self, mode: str, **launch) -> JobSpec:
+        options = {"kind": "ray", "nproc_per_node": 2, "grace_period_s": 1, **launch,
+                   "ray": {"address": self.address, "python": sys.executable, "cpus_per_worker": 0.5,
+                           "deferrable": self.deferred}}
+        return JobSpec(entry=["-m", "contract_rank", mode], job_dir=self.tmp_path / "job", launch=launch_config(options),
+                       env={"PYTHONPATH": str(self.tmp_path), "CONTRACT_VAR": "1"}, name="contract",
+                       labels={"dag_id": "dag", "run_id": self.tmp_path.name, "task_id": "train", "try_number": "1"})
+
+    def prefix(self, rank: int) -> str:
+        return f"[rank {rank}]: [rank {rank}]"  # the worker's prefix, then the rank's own line
+
+    def seen_env(self, result: dict) -> dict:
+        return result["env"]
+
+    def attempts(self) -> int:
+        """Jobs submitted, and the restarts of their workers that Ray Train announced."""
+        return sum(line.startswith("submitting Ray job") or "restarting every rank" in line for line in self.lines)
+
+    def left_behind(self) -> list:
+        from tests.ray_cluster import train_actors_left
+
+        return train_actors_left(self.address)
+
+
+class DeferredRayContractPlace(RayContractPlace):
+    deferred = True
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    from pipeline.job.ray.cluster import LocalCluster
+
+    cluster = LocalCluster(cpus=2, grace_period_s=5)
+    cluster.start(print)
+    yield cluster.address
+    cluster.stop()
+
+
 class _Operator:
     """What the deferred form needs of an operator: its log and ``defer``."""
 
@@ -241,10 +291,24 @@ class DeferredRun:
         self._stop.set()
 
 
+# The deferred form differs from the worker's only in where it waits (the same policy code): for Ray it is
+# proven on its own lines: the result, a user error, an infrastructure failure, and a user's stop.
+RAY_DEFERRED = {"test_a_job_streams_every_ranks_lines_live_and_returns_rank_0s_result",
+                "test_a_rank_user_error_fails_at_once_without_a_restart",
+                "test_an_infrastructure_failure_is_restarted_then_fails_as_retryable",
+                "test_a_stop_from_outside_tears_everything_down"}
+
+
 @pytest.fixture(params=PLACES)
 def place(request, tmp_path, monkeypatch):
-    kind = {"local": LocalPlace, "kubernetes": KubernetesPlace, "kubernetes-deferred": DeferredKubernetesPlace}
-    made = kind[request.param](tmp_path, monkeypatch)
+    if request.param == "ray-deferred" and request.node.originalname not in RAY_DEFERRED:
+        pytest.skip("the Ray place proves this; deferred, only where it waits differs (RAY_DEFERRED)")
+    if request.param.startswith("ray"):
+        kind = {"ray": RayContractPlace, "ray-deferred": DeferredRayContractPlace}[request.param]
+        made = kind(tmp_path, monkeypatch, request.getfixturevalue("ray_address"))
+    else:
+        kind = {"local": LocalPlace, "kubernetes": KubernetesPlace, "kubernetes-deferred": DeferredKubernetesPlace}
+        made = kind[request.param](tmp_path, monkeypatch)
     yield made
     if hasattr(made, "close"):
         made.close()

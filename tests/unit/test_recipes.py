@@ -52,3 +52,12 @@ def test_a_train_spec_without_its_hooks_is_refused():
 
     with pytest.raises(TypeError, match="needs run, or build_model"):
         TrainSpec(build_model=lambda cfg, data: None)
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_recipe_has_a_synthetic_report_made_by_its_own_evaluator(name):
+    """The report's tests (tests/reports.py) cover every recipe, each through the evaluator its TrainSpec names."""
+    from tests import reports
+
+    assert name in reports.CASES, "add the recipe's synthetic evaluation to tests/reports.py"
+    assert reports.CASES[name]()["evaluator"] is get_recipe(name).load_train_spec().evaluator

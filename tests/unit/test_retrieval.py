@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.evaluate.retrieval import EVALUATOR, HeldOut, retrieval_metrics
+from pipeline.evaluate.retrieval import EVALUATOR, HeldOut, at_k, retrieval_metrics
 from pipeline.recipes.two_tower.model import in_batch_softmax_loss
 
 
@@ -23,12 +23,25 @@ def test_recall_ndcg_and_coverage_by_hand():
                                                     | {f"y{k}" for k in range(8)}) / 100)
 
 
+def test_recall_and_ndcg_over_k_by_hand():
+    recommended = [["a", "b", "c", "d"] + [f"x{k}" for k in range(60)]]
+    relevant = [{"b", "d"}]
+    curves = at_k(recommended, relevant, (1, 2, 4, 10))
+    assert curves["recall"] == pytest.approx([0.0, 0.5, 1.0, 1.0])
+    ideal = 1 + 1 / math.log2(3)  # both relevant items on top
+    found = 1 / math.log2(3) + 1 / math.log2(5)  # b at rank 2, d at rank 4
+    assert curves["ndcg"] == pytest.approx([0.0, (1 / math.log2(3)) / ideal, found / ideal, found / ideal])
+    metrics = retrieval_metrics(recommended, relevant, catalogue_size=100)
+    assert (metrics["recall_at_10"], metrics["ndcg_at_10"]) == (curves["recall"][-1], curves["ndcg"][-1])
+
+
 def test_the_evaluator_scores_the_model_beside_the_popularity_baseline():
     held = HeldOut(relevant=[{"p1"}, {"q"}], popular=["q"] + [f"z{k}" for k in range(60)], catalogue_size=70,
                    interactions=2, oov_users=0, oov_items=1)
     output = pd.DataFrame({"item_ids": [["p1"] + [f"z{k}" for k in range(55)], [f"z{k}" for k in range(56)]]})
     scored = EVALUATOR.score_output(output, held)
-    assert scored["metrics"]["recall_at_10"] == 0.5 and scored["metrics"]["popularity_recall_at_10"] == 0.5
+    assert scored["metrics"]["recall_at_10"] == 0.5 and scored["details"]["baseline"]["recall_at_10"] == 0.5
+    assert not any(name.startswith("popularity_") for name in scored["metrics"])  # the baseline is its own column
     assert scored["details"]["oov_items"] == 1
     with pytest.raises(ValueError, match="fewer than 50 items"):
         EVALUATOR.score_output(pd.DataFrame({"item_ids": [["p1"], ["q"]]}), held)

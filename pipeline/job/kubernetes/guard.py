@@ -1,18 +1,16 @@
 """Deletes a training Job and its Service when the task process that created them dies unannounced.
 
-``python -m pipeline.job.kubernetes.guard`` runs in a session of its own (a kill of the task's process
-group does not reach it) and reads one JSON line (API server settings, namespace, name) from stdin.
-The launcher writes ``done`` when it has torn the Job down itself; if stdin closes without it - the
-task process was SIGKILLed, the worker died - the guard deletes the Job (foreground: its pods first)
-and the Service.
+The request (``pipeline.job.guard``): API server settings, namespace and name; an orphaned guard deletes
+the Job (foreground: its pods first) and the Service.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
+
+from pipeline.job.guard import orphaned_request
 
 
 def client_from(settings: dict):
@@ -37,10 +35,9 @@ def client_from(settings: dict):
 
 
 def main() -> int:
-    request = json.loads(sys.stdin.readline())
-    for line in sys.stdin:
-        if line.strip() == "done":
-            return 0
+    request = orphaned_request()
+    if request is None:
+        return 0
     from pipeline.job.kubernetes.place import Cluster
     from pipeline.job.kubernetes.manifest import Manifests
     from kubernetes import client as k8s

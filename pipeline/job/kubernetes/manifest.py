@@ -11,7 +11,6 @@ whose store pod 0's agent hosts.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -47,16 +46,6 @@ class Manifests:
     def selector(self) -> str:
         """Label selector of the attempt's pods."""
         return f"{JOB_LABEL}={self.name}"
-
-
-def object_name(spec_name: str, labels: dict[str, str], restart: int = 0) -> str:
-    """A DNS-1123 name unique per DAG run, task, try and restart, at most 52 characters (a pod's
-    hostname ``NAME-INDEX`` and the Job's generated pod names must fit in 63)."""
-    identity = json.dumps([spec_name, labels.get("dag_id"), labels.get("run_id"), labels.get("task_id"),
-                           labels.get("map_index"), labels.get("try_number"), restart])
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
-    readable = _dns_label(spec_name)[:35].strip("-") or "job"
-    return f"{readable}-{digest}-r{restart}"
 
 
 def label_value(text: str) -> str:
@@ -264,10 +253,6 @@ def _cpu(cores: float) -> str:
 
 def _gib(gb: float) -> str:
     return f"{int(gb)}Gi" if float(gb).is_integer() else f"{int(round(gb * 1024))}Mi"
-
-
-def _dns_label(text: str) -> str:
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")
 
 
 def _expand(text: str, env: dict[str, str]) -> str:

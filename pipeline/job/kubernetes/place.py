@@ -14,17 +14,16 @@ errors, heartbeats and torchrun's error files are read from there, as on every p
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 from typing import Any, Callable
 
 from pipeline.job.kubernetes.state import failed_nodes, failed_what, is_started, job_condition, node_of, schedule_state
-from pipeline.job.kubernetes.manifest import CONTAINER, Manifests, build, object_name
+from pipeline.job.kubernetes.manifest import CONTAINER, Manifests, build
+from pipeline.job import guard
 from pipeline.job.spec import JobSpec
 from pipeline.job.supervisor import Attempt, Ended
 
@@ -46,7 +45,7 @@ def manifests_for(attempt: Attempt) -> Manifests:
     """The Job and Service of one attempt (``pipeline.job.supervisor.Attempt``): the ranks' environment
     every place gives them; names unique per DAG run, task, try and restart."""
     spec, restart = attempt.spec, attempt.restart
-    return build(name=object_name(spec.name, spec.labels, restart), entry=list(spec.entry), launch=spec.launch,
+    return build(name=attempt.id, entry=list(spec.entry), launch=spec.launch,
                  env=attempt.env(), labels={**spec.labels, "restart": str(restart)},
                  log_dir=str(attempt.log_dir), job_dir=str(spec.files.root), no_python=spec.no_python)
 
@@ -254,13 +253,13 @@ class KubernetesPlace:
     def stop(self, grace_period_s: float) -> None:
         with self._lock:
             m, self._current = self._current, None
-            guard, self._guard = self._guard, None
+            guard_proc, self._guard = self._guard, None
             if m is None:
                 return
             self._teardown(m, grace_period_s)
         if self._logs is not None:
             self._logs.join(timeout_s=10)
-        stop_guard(guard)
+        guard.stop_guard(guard_proc)
 
     def dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
         """The ranks run in pods this process cannot signal: their last lines are in the log already."""
@@ -290,27 +289,8 @@ def client_settings(client) -> dict[str, Any]:
             "token_file": SERVICE_ACCOUNT_TOKEN if os.path.exists(SERVICE_ACCOUNT_TOKEN) else None}
 
 
-def start_guard(cluster: Cluster, m: Manifests) -> subprocess.Popen | None:
-    """A process of its own session that deletes the Job and Service if this process dies without
-    saying it is done (SIGKILL, a killed worker): its stdin closes."""
+def start_guard(cluster: Cluster, m: Manifests) -> subprocess.Popen:
+    """``pipeline.job.kubernetes.guard`` deletes the Job and Service if this process dies without tearing
+    them down (``pipeline.job.guard``)."""
     request = {"client": client_settings(cluster.client), "namespace": m.namespace, "name": m.name}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.job.kubernetes.guard"], stdin=subprocess.PIPE,
-                            start_new_session=True, text=True)
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(request) + "\n")
-    proc.stdin.flush()
-    return proc
-
-
-def stop_guard(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.stdin is None:
-        return
-    try:
-        proc.stdin.write("done\n")
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    return guard.start_guard("pipeline.job.kubernetes.guard", request)

@@ -122,13 +122,7 @@ class LocalPlace:
                 self._reader.join(timeout=5)
 
     def dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
-        """Every rank prints its Python stacks (faulthandler, on ``DUMP_SIGNAL``) before the job is stopped."""
-        for beat in beats.values():
-            try:
-                os.kill(beat["pid"], DUMP_SIGNAL)
-            except ProcessLookupError:
-                pass
-        time.sleep(2)
+        dump_local_stacks(beats)
 
 
 def run_torchrun(entry: Sequence[str], *, job_dir: Path, emit: Callable[[str], None] | None = None,
@@ -140,6 +134,17 @@ def run_torchrun(entry: Sequence[str], *, job_dir: Path, emit: Callable[[str], N
     spec = JobSpec(entry=list(entry), job_dir=Path(job_dir), launch=launch_config({"kind": "local", **launch}),
                    env=dict(env or {}), no_python=no_python)
     return Job(spec).run(emit)
+
+
+def dump_local_stacks(beats: dict) -> None:
+    """Every rank of this machine prints its Python stacks (faulthandler, on ``DUMP_SIGNAL``) before the job
+    is stopped; ``beats``: the ranks' heartbeats, which name their process ids."""
+    for beat in beats.values():
+        try:
+            os.kill(beat["pid"], DUMP_SIGNAL)
+        except ProcessLookupError:
+            pass
+    time.sleep(2)
 
 
 def stop_group(proc: subprocess.Popen, grace_period_s: float) -> None:

@@ -1,0 +1,68 @@
+"""The Ray job's driver: ``python -m pipeline.job.ray.entry --job JSON -- ENTRY...`` builds Ray Train's
+``TorchTrainer`` from the launch config and runs ``pipeline.job.ray.worker.run_rank`` on every worker.
+
+- ``ScalingConfig``: ``launch.nnodes x launch.nproc_per_node`` workers (or, elastic, from
+  ``launch.ray.min_workers`` up to that), ``launch.ray.cpus_per_worker`` CPUs and one GPU each when
+  ``launch.gpus_per_node`` asks for GPUs;
+- ``RunConfig``: named by the run key (the same on every try of the task, so a retry finds the same run),
+  stored in the job folder's checkpoints; ``FailureConfig(max_failures=launch.max_restarts)``: Ray restarts
+  the worker group after a worker dies, and the recipe's loop resumes from its last checkpoint;
+- a rank's user error is final (``worker.failure_policy``): no restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def trainer(job: dict, entry: list[str]):
+    import ray.train.v2.api.data_parallel_trainer as data_parallel_trainer
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from pipeline.job.ray.worker import failure_policy, run_rank
+    from pipeline.job.spec import launch_config
+
+    launch = launch_config(job["launch"])
+    workers = launch.nnodes * launch.nproc_per_node
+    use_gpu = launch.gpus_per_node > 0
+    resources = {"CPU": launch.ray.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
+    policy = failure_policy(job["job_dir"], launch.max_restarts)
+    # Ray Train builds its failure policy from the FailureConfig alone; this one also reads the ranks' user errors.
+    data_parallel_trainer.create_failure_policy = policy
+    backend = {"auto": "nccl" if use_gpu else "gloo"}.get(launch.backend, launch.backend)
+    return TorchTrainer(
+        run_rank,
+        train_loop_config={"entry": entry, "no_python": job.get("no_python", False), "job_dir": job["job_dir"]},
+        torch_config=TorchConfig(backend=backend),
+        scaling_config=ScalingConfig(
+            num_workers=(launch.ray.min_workers, workers) if 0 < launch.ray.min_workers < workers else workers,
+            use_gpu=use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(name=job["run_name"], storage_path=job["storage"],
+                             failure_config=FailureConfig(max_failures=launch.max_restarts,
+                                                          controller_failure_limit=launch.max_restarts)),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.job.ray.entry", description=__doc__)
+    parser.add_argument("--job", required=True, help="JSON: launch (the launch config), run_name, storage, "
+                        "job_dir, no_python")
+    parser.add_argument("entry", nargs=argparse.REMAINDER, help="-- then what each worker runs")
+    args = parser.parse_args(argv)
+    entry = args.entry[1:] if args.entry[:1] == ["--"] else args.entry
+    job = json.loads(args.job)
+    from ray.train import TrainingFailedError
+
+    try:
+        trainer(job, entry).fit()
+    except TrainingFailedError as exc:
+        print(f"Ray Train ended the run: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

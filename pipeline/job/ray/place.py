@@ -1,0 +1,259 @@
+"""The Ray place (``launch.kind = ray``): each attempt is one Ray job, submitted through the Ray Jobs API, under
+the supervisor's policy (``pipeline.job.supervisor``).
+
+- The cluster: ``launch.ray.address`` or the host of the Airflow connection ``launch.ray.connection_id``
+  (its password, or ``token`` in its extra, goes as Ray's bearer token); without either, a local cluster
+  started for the task (``pipeline.job.ray.cluster``) and stopped with each attempt.
+- The job: its ``submission_id`` is the attempt's id (DAG run, task, try and restart), so a retry never
+  submits a duplicate; a job of the same id left by a dead worker is stopped and replaced. Its
+  ``runtime_env`` carries the ranks' environment (``Attempt.env``: the job folder, MLflow's URI and run
+  id); variables that look like secrets are left out: the cluster's own environment must provide them.
+  Its driver is ``pipeline.job.ray.entry`` (Ray Train over the same entry as a torchrun rank).
+- Logs: the driver's log (every worker's lines, each with its ``[rank N]:`` prefix) is streamed into the
+  task log as it is written.
+- Endings: ``stop`` stops the job (``stop_job``, never ``delete_job``, which a running job refuses) and
+  waits until it has ended, whatever ended the attempt; ``pipeline.job.ray.guard`` does the same when
+  the task process dies unannounced. Ray Train restarts failed workers itself
+  (``FailureConfig(max_failures=launch.max_restarts)``), so the supervisor does not restart the attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from pipeline import settings
+from pipeline.errors import ConfigError
+from pipeline.job import guard
+from pipeline.job.ray.cluster import LocalCluster, jobs_client
+from pipeline.job.spec import JobSpec
+from pipeline.job.supervisor import Attempt, Ended
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+STOP_TIMEOUT_S = 60.0
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+# Never sent in a job's runtime_env (it is stored with the job and shown by the dashboard).
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|CREDENTIAL|(^|_)KEY($|_)", re.IGNORECASE)
+
+
+def cluster_of(spec: JobSpec) -> tuple[str | None, str | None]:
+    """(address, token) of the configured cluster; address None: a local cluster for the task."""
+    from pipeline.airflow.connections import ray_connection
+
+    address, token = ray_connection(spec.launch.ray.connection_id)
+    return spec.launch.ray.address or address, token
+
+
+def run_name(spec: JobSpec) -> str:
+    """The Ray Train run's name: the run key, the same on every try and restart of the task."""
+    return spec.files.root.name if spec.files.root.name else "job"
+
+
+def job_request(attempt: Attempt, *, local: bool) -> dict[str, Any]:
+    """The Jobs API's ``submit_job`` arguments for one attempt."""
+    spec = attempt.spec
+    env = {k: v for k, v in attempt.env().items() if not SECRET_NAME.search(k)}
+    env["RAY_DEDUP_LOGS"] = "0"  # the ranks' lines differ only in their rank: none may be folded away
+    env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"  # print() stays print(): once per line, with the rank's prefix
+    if local:  # the cluster runs this checkout: its workers import the project from here
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(settings.PROJECT_ROOT)]))
+    job = {"launch": _plain(spec.launch), "run_name": run_name(spec), "storage": str(spec.files.checkpoints / "ray"),
+           "job_dir": str(spec.files.root), "no_python": spec.no_python}
+    python = spec.launch.ray.python or (sys.executable if local else "python")
+    entrypoint = shlex.join([python, "-m", "pipeline.job.ray.entry", "--job", json.dumps(job), "--", *spec.entry])
+    return {"entrypoint": entrypoint, "submission_id": attempt.id, "runtime_env": {"env_vars": env},
+            "metadata": {k: str(v) for k, v in spec.labels.items()}, "entrypoint_num_cpus": 0}
+
+
+class RayPlace:
+    """``launch.kind = ray`` (see the module's description). ``submit``, ``handle``, ``teardown`` and
+    ``watch`` are what the deferred form (``pipeline.airflow.deferred``) uses."""
+
+    watch = "pipeline.job.ray.watch:RayJobWatch"
+    restarts_itself = True  # Ray Train replaces failed workers within the attempt
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.poll_s = POLL_S
+        self.address, self.token = cluster_of(spec)
+        if spec.launch.ray.deferrable and not self.address:
+            raise ConfigError("launch.ray.deferrable needs a cluster that outlives the task (launch.ray.address or "
+                              f"the connection {spec.launch.ray.connection_id!r}): a local one lives in the task")
+        self._client = None
+        self._local: LocalCluster | None = None
+        self._current: str | None = None
+        self._guard: subprocess.Popen | None = None
+        self._logs: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = jobs_client(self.address, self.token)
+        return self._client
+
+    def submit(self, attempt: Attempt, emit: Callable[[str], None]) -> str:
+        """Submit the attempt's job (stopping and replacing one of the same id that a dead worker left)."""
+        request = job_request(attempt, local=self._local is not None)
+        sid, launch = request["submission_id"], self.spec.launch
+        left = _status(self.client, sid)
+        if left is not None:
+            emit(f"Ray job {sid} exists already ({left}: left by a worker of this attempt that died): replacing it")
+            stop_job(self.client, sid, STOP_TIMEOUT_S)
+            self.client.delete_job(sid)
+        emit(f"submitting Ray job {sid} to {self.address}: {launch.nnodes * launch.nproc_per_node} Ray Train "
+             f"worker(s) of {launch.ray.cpus_per_worker:g} CPU" + (" and 1 GPU" if launch.gpus_per_node else "") + " each")
+        self.client.submit_job(**request)
+        return sid
+
+    def handle(self, attempt: Attempt) -> dict[str, Any]:
+        """What the triggerer needs to watch the attempt (JSON; the token is looked up there, never stored)."""
+        return {"address": self.address, "connection_id": self.spec.launch.ray.connection_id,
+                "submission_id": attempt.id, "start_timeout_s": self.spec.launch.ray.start_timeout_s}
+
+    def teardown(self, attempt: Attempt, grace_period_s: float) -> None:
+        stop_job(self.client, attempt.id, grace_period_s + STOP_TIMEOUT_S)
+
+    def start(self, attempt: Attempt, emit: Callable[[str], None]) -> None:
+        with self._lock:
+            if self.address is None or self._local is not None:
+                self._local = LocalCluster(cpus=self.spec.launch.ray.local_cpus,
+                                           grace_period_s=self.spec.launch.grace_period_s)
+                self.address, self._client = self._local.start(emit), None
+            elif self._guard is None:
+                self._guard = guard.start_guard("pipeline.job.ray.guard", {
+                    "address": self.address, "token": self.token, "submission_id": attempt.id})
+            self._current = attempt.id
+        self._emit = emit
+        self._submitted = time.monotonic()
+        self._running = False
+        self.submit(attempt, emit)
+        self._logs = threading.Thread(target=_follow_logs, args=(self.client, attempt.id, emit), daemon=True,
+                                      name=f"ray-logs-{attempt.id}")
+        self._logs.start()
+
+    def poll(self) -> Ended | None:
+        sid = self._current
+        if sid is None:
+            return Ended("stopped")
+        try:
+            info = self.client.get_job_info(sid)
+        except Exception as exc:  # the cluster went away (a local head killed, a network partition)
+            return Ended("failed", f"the Ray cluster at {self.address} stopped answering about job {sid}: {exc}")
+        end = job_end(info, sid, pending_s=time.monotonic() - self._submitted,
+                      start_timeout_s=self.spec.launch.ray.start_timeout_s)
+        if end is None and not self._running and _status_of(info) == "RUNNING":
+            self._emit(f"Ray job {sid} is running")
+            self._running = True
+        if end is not None and self._logs is not None:
+            self._logs.join(timeout=10)  # the last lines before the verdict
+        return end
+
+    def stop(self, grace_period_s: float) -> None:
+        with self._lock:
+            sid, self._current = self._current, None
+            guard_proc, self._guard = self._guard, None
+            local = self._local
+            if sid is not None and (local is None or local.proc is not None):
+                try:
+                    stop_job(self.client, sid, grace_period_s + STOP_TIMEOUT_S)
+                except Exception as exc:
+                    log.warning("stopping Ray job %s failed: %s", sid, exc)
+            if self._logs is not None:
+                self._logs.join(timeout=5)
+            if local is not None:
+                local.stop()
+                self.address, self._client = None, None
+        guard.stop_guard(guard_proc)
+
+    def dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
+        """A local cluster's ranks are processes of this machine: they print their stacks as local ranks do."""
+        if self._local is not None:
+            from pipeline.job.local.place import dump_local_stacks
+
+            dump_local_stacks(beats)
+
+
+def job_end(info, sid: str, *, pending_s: float, start_timeout_s: float) -> Ended | None:
+    """How a Ray job (its ``JobDetails``) ended, None while it runs or waits within ``start_timeout_s``."""
+    status = _status_of(info)
+    if status == "PENDING":
+        if pending_s > start_timeout_s:
+            return Ended("not_started", f"Ray job {sid} was not running within launch.ray.start_timeout_s="
+                                        f"{start_timeout_s:g}s: {info.message or 'pending'}")
+        return None
+    if status == "RUNNING":
+        return None
+    if status == "SUCCEEDED":
+        return Ended("succeeded", f"Ray job {sid} succeeded")
+    if status == "STOPPED":
+        return Ended("stopped", f"Ray job {sid} was stopped outside this task")
+    return Ended("failed", f"Ray job {sid} failed: {info.message or status}")
+
+
+def _status_of(info) -> str:
+    return str(getattr(info.status, "value", info.status))
+
+
+def _plain(launch) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(launch)
+
+
+def _status(client, sid: str) -> str | None:
+    """The job's status, None when there is no job of that id."""
+    try:
+        return str(client.get_job_status(sid).value)
+    except RuntimeError as exc:
+        if "does not exist" in str(exc) or "404" in str(exc):
+            return None
+        raise
+
+
+def stop_job(client, sid: str, timeout_s: float) -> None:
+    """Stop the job and wait until Ray says it has ended (``stop_job`` of an ended job is a no-op)."""
+    if _status(client, sid) in TERMINAL | {None}:
+        return
+    client.stop_job(sid)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _status(client, sid) in TERMINAL | {None}:
+            return
+        time.sleep(0.5)
+    log.warning("Ray job %s still not ended %gs after stop_job", sid, timeout_s)
+
+
+def plain_lines(pending: str, chunk: str) -> tuple[list[str], str]:
+    """Complete lines of a log chunk without Ray's terminal colours, and the unfinished rest."""
+    *lines, pending = (pending + chunk).split("\n")
+    return [ANSI_ESCAPE.sub("", line) for line in lines], pending
+
+
+def _follow_logs(client, sid: str, emit: Callable[[str], None]) -> None:
+    """The job's log to its end, line by line."""
+    async def follow() -> None:
+        pending = ""
+        async for chunk in client.tail_job_logs(sid):
+            lines, pending = plain_lines(pending, chunk)
+            for line in lines:
+                emit(line)
+        if pending:
+            emit(ANSI_ESCAPE.sub("", pending))
+
+    try:
+        asyncio.run(follow())
+    except Exception as exc:  # the job was deleted or the cluster stopped: not the attempt's verdict
+        emit(f"(the Ray job's log stream ended: {type(exc).__name__}: {exc})")

@@ -1,0 +1,115 @@
+"""Ray clusters for the tests, started and stopped by process id (never ``ray stop``, which kills every Ray
+process on the machine by name): a head from the product's ``LocalCluster``, and worker nodes that join it,
+each under ``pipeline.job.local.guard`` so that nothing outlives the test process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline.job.local.place import stop_group
+from pipeline.job.ray.cluster import free_port, ray_command
+
+TRAIN_ACTORS = {"RayTrainWorker", "TrainController"}
+
+
+class WorkerNode:
+    """``ray start --address HEAD --block`` of one more node, optionally inside a network namespace."""
+
+    def __init__(self, gcs_address: str, *, node_ip: str, cpus: int, wrap: list[str] = (), env: dict | None = None):
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="raywk-", dir="/tmp"))
+        command = ray_command("start", f"--address={gcs_address}", "--block", f"--node-ip-address={node_ip}",
+                              f"--num-cpus={cpus}", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
+                              *(f"{flag}={free_port()}" for flag in ("--dashboard-agent-listen-port",
+                                                                     "--dashboard-agent-grpc-port",
+                                                                     "--metrics-export-port", "--runtime-env-agent-port")))
+        guard = [sys.executable, "-m", "pipeline.job.local.guard", "--grace-period-s=5", f"--parent-pid={os.getpid()}", "--"]
+        self.log = open(self.temp_dir / "node.log", "wb")
+        self.proc = subprocess.Popen([*wrap, *guard, *command], env={**os.environ, **(env or {})}, stdout=self.log,
+                                     stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop(self) -> None:
+        stop_group(self.proc, 5)
+        self.log.close()
+        import shutil
+
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def alive_nodes(address: str) -> int:
+    from ray.util.state import list_nodes
+
+    return sum(1 for node in list_nodes(address=address) if node.state == "ALIVE")
+
+
+def wait_for_nodes(address: str, count: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while alive_nodes(address) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the Ray cluster at {address} has {alive_nodes(address)} of {count} nodes")
+        time.sleep(1)
+
+
+def train_actors_left(address: str, timeout_s: float = 30) -> list[str]:
+    """Ray Train's actors still alive after a job ended (the controller and workers), waited for."""
+    from ray.util.state import list_actors
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [f"{a.class_name} pid={a.pid}" for a in list_actors(address=address, filters=[("state", "=", "ALIVE")])
+                 if a.class_name in TRAIN_ACTORS]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+class NetworkNamespace:
+    """A network namespace joined to this one by a veth pair: ``host_ip`` here, ``ip`` inside, a /24 between
+    them (a second machine on the first's network, as far as Ray can tell)."""
+
+    def __init__(self, name: str, host_ip: str, ip: str):
+        self.name, self.host_ip, self.ip = name, host_ip, ip
+        self.host_dev, self.dev = f"{name}h", f"{name}n"
+
+    def create(self) -> bool:
+        import shutil
+
+        steps = [["ip", "netns", "add", self.name],
+                 ["ip", "link", "add", self.host_dev, "type", "veth", "peer", "name", self.dev],
+                 ["ip", "link", "set", self.dev, "netns", self.name],
+                 ["ip", "addr", "add", f"{self.host_ip}/24", "dev", self.host_dev], ["ip", "link", "set", self.host_dev, "up"],
+                 ["ip", "-n", self.name, "addr", "add", f"{self.ip}/24", "dev", self.dev],
+                 ["ip", "-n", self.name, "link", "set", self.dev, "up"], ["ip", "-n", self.name, "link", "set", "lo", "up"]]
+        for step in steps:
+            if shutil.which(step[0]) is None or subprocess.run(step, capture_output=True).returncode != 0:
+                self.remove()
+                return False
+        return True
+
+    def wrap(self) -> list[str]:
+        """Run a command inside, with a /dev/shm of its own (``ip netns exec`` gives it a mount namespace): a
+        second machine's shared memory is not the first's, and streaming's names would collide."""
+        return ["ip", "netns", "exec", self.name, "sh", "-c", 'mount -t tmpfs -o size=2g tmpfs /dev/shm && exec "$@"',
+                "sh"]
+
+    def remove(self) -> None:
+        subprocess.run(["ip", "link", "del", self.host_dev], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+
+def ray_processes() -> list[str]:
+    """Ray's processes on this machine (raylet, GCS, dashboard, its workers), by command line."""
+    import psutil
+
+    names = ("raylet", "gcs_server", "ray::", "ray/dashboard", "ray/_private", "ray.scripts.scripts")
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if any(name in line for name in names):
+            found.append(f"{proc.info['pid']}: {line[:120]}")
+    return found
