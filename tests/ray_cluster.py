@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 from pipeline.job.local.place import stop_group
-from pipeline.job.ray.cluster import free_port, ray_command
+from pipeline.job.ray.cluster import free_ports, ray_command
 
 TRAIN_ACTORS = {"RayTrainWorker", "TrainController"}
+_WORKER_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+                      "--runtime-env-agent-port")
 
 
 class WorkerNode:
@@ -24,9 +26,7 @@ class WorkerNode:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="raywk-", dir="/tmp"))
         command = ray_command("start", f"--address={gcs_address}", "--block", f"--node-ip-address={node_ip}",
                               f"--num-cpus={cpus}", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
-                              *(f"{flag}={free_port()}" for flag in ("--dashboard-agent-listen-port",
-                                                                     "--dashboard-agent-grpc-port",
-                                                                     "--metrics-export-port", "--runtime-env-agent-port")))
+                              *(f"{flag}={port}" for flag, port in zip(_WORKER_PORT_FLAGS, free_ports(len(_WORKER_PORT_FLAGS)))))
         guard = [sys.executable, "-m", "pipeline.job.local.guard", "--grace-period-s=5", f"--parent-pid={os.getpid()}", "--"]
         self.log = open(self.temp_dir / "node.log", "wb")
         self.proc = subprocess.Popen([*wrap, *guard, *command], env={**os.environ, **(env or {})}, stdout=self.log,

@@ -1,7 +1,8 @@
 """Reaching a Ray cluster: the Jobs API client for an address (and bearer token), and a local cluster started
 for one task when no address is given.
 
-The local cluster is one head node on 127.0.0.1 (``ray start --head --block``) run under
+The local cluster is one head node whose every socket listens on 127.0.0.1 (``ray start --head --block``; Ray
+would otherwise listen on the machine's address as well), run under
 ``pipeline.job.local.guard``: it is stopped by its process ids (SIGTERM, the grace period, SIGKILL), never
 by ``ray stop`` (which kills every Ray process on the machine by name), and it dies with the task process
 even when that is SIGKILLed. Every port it opens is chosen free, so two tasks' clusters can share a machine.
@@ -22,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from pipeline.errors import InfraError
+from pipeline.errors import ConfigError, InfraError
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +36,30 @@ _PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--dash
 
 def jobs_client(address: str, token: str | None = None):
     """The Ray Jobs API client of a cluster's dashboard address, with Ray's bearer token when given."""
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
         return JobSubmissionClient(address, headers=headers)
+    except AuthenticationError as exc:  # no retry mends a missing or wrong token
+        raise ConfigError(f"the Ray cluster at {address} refused the {'token' if token else 'request without a token'}"
+                          f": {str(exc).splitlines()[0]}; give the cluster's token as the password (or extra "
+                          f"'token') of the Airflow connection launch.ray.connection_id") from None
     except (ConnectionError, RuntimeError) as exc:
         raise InfraError(f"the Ray cluster at {address} did not answer: {exc}") from exc
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free now (held open together while chosen, so none is picked twice)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def ray_command(*args: str) -> list[str]:
@@ -58,10 +70,16 @@ def ray_command(*args: str) -> list[str]:
 class LocalCluster:
     """A Ray head on 127.0.0.1 that lives as long as one task (``start`` returns its Jobs API address)."""
 
-    def __init__(self, *, cpus: int, grace_period_s: float, node_ip: str = "127.0.0.1",
+    def __init__(self, *, cpus: int, grace_period_s: float, node_ip: str = "127.0.0.1", token: str | None = None,
                  env: dict[str, str] | None = None):
         self.cpus, self.grace_period_s, self.env = cpus or os.cpu_count() or 1, grace_period_s, dict(env or {})
-        self.node_ip = node_ip
+        self.node_ip, self.token = node_ip, token
+        if node_ip == "127.0.0.1":
+            # Ray replaces a loopback node address by the machine's own and then listens on every interface;
+            # as a one-machine cluster it keeps every socket on 127.0.0.1.
+            self.env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        if token:  # Ray's token authentication: every API call and every RPC must carry it
+            self.env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
         self.proc: subprocess.Popen | None = None
         self.temp_dir: Path | None = None
         self.address: str | None = None  # the Jobs API (dashboard)
@@ -70,7 +88,7 @@ class LocalCluster:
     def start(self, emit: Callable[[str], None], timeout_s: float = START_TIMEOUT_S) -> str:
         # Short: Ray's unix sockets live below it (a path of at most 107 bytes).
         self.temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-        ports = {flag: free_port() for flag in _PORT_FLAGS}
+        ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
         command = ray_command("start", "--head", "--block", f"--node-ip-address={self.node_ip}", "--dashboard-host=127.0.0.1",
                               f"--num-cpus={self.cpus}", "--disable-usage-stats", "--include-dashboard=true",
                               f"--temp-dir={self.temp_dir}", *(f"{flag}={port}" for flag, port in ports.items()))
@@ -84,7 +102,7 @@ class LocalCluster:
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log_file.close()
         started = time.monotonic()
-        while not _answers(self.address):
+        while not _answers(self.address, self.token):
             if self.proc.poll() is not None or time.monotonic() - started > timeout_s:
                 tail = self.head_log()[-3000:]
                 self.stop()
@@ -109,9 +127,11 @@ class LocalCluster:
             self.temp_dir = None
 
 
-def _answers(address: str) -> bool:
+def _answers(address: str, token: str | None) -> bool:
+    request = urllib.request.Request(f"{address}/api/version",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(f"{address}/api/version", timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return "ray_version" in json.loads(response.read())
     except (OSError, ValueError):
         return False
