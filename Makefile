@@ -30,9 +30,10 @@ airflow: venv
 ui: venv
 	$(PY) -m pipeline.dev.stack ui
 
-# The deployment's topology as local processes (Celery on this machine's Redis, PostgreSQL, MLflow server).
+# The deployment's topology as local processes (Celery on this machine's Redis, PostgreSQL, MLflow server);
+# RAY=1 adds a Ray head on 127.0.0.1 for launch.kind=ray (the ray_default connection).
 stack: venv
-	$(PY) -m pipeline.dev.stack up
+	$(PY) -m pipeline.dev.stack up $(if $(filter 1 yes true,$(RAY)),--ray)
 
 stack-down: venv
 	$(PY) -m pipeline.dev.stack down

@@ -183,9 +183,6 @@ class RayConfig:
     cpus_per_worker: float = config_field(
         1.0, "CPUs each training worker reserves; fractional values leave CPUs to Ray Data on small nodes.",
         min=0.0, max=1024.0)
-    min_workers: int = config_field(
-        0, "Elastic lower bound: an attempt starts (or restarts after losing a node) with as few workers as "
-        "this when no more fit; 0: exactly launch.nnodes x launch.nproc_per_node.", min=0, max=65_536)
     local_cpus: int = config_field(0, "CPUs of the local cluster; 0: this machine's.", min=0, max=4096)
     start_timeout_s: float = config_field(
         600.0, "The job must be running this long after its submission, or the attempt fails as not started.",
@@ -206,6 +203,11 @@ class LaunchConfig:
         choices=["local", "kubernetes", "ray"],
     )
     nnodes: int = config_field(1, "Nodes (machines) of the job; with the local launcher, more than one needs rdzv_endpoint.", min=1, max=1024)
+    min_nnodes: int = config_field(
+        0, "Elastic: the fewest nodes an attempt starts or restarts with (after losing a node, training resumes "
+        "from its last checkpoint on the nodes left, at the same sample); 0: exactly nnodes. torchrun "
+        "--nnodes=MIN:MAX on the local launcher; on Ray, MIN x nproc_per_node to nnodes x nproc_per_node workers.",
+        min=0, max=1024)
     nproc_per_node: int = config_field(2, "Training processes (ranks) on each node.", min=1, max=64)
     node_rank: int = config_field(0, "This node's rank when the local launcher joins a multi-node job.", min=0)
     rdzv_endpoint: str = config_field("", "HOST:PORT of the c10d rendezvous of a multi-node job; empty for one node.")

@@ -33,7 +33,11 @@ class WorkerNode:
                                      stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def stop(self) -> None:
+        """Stop the node's every process by id (any number of times): a machine going away."""
         stop_group(self.proc, 5)
         self.log.close()
         import shutil

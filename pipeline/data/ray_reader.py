@@ -16,6 +16,7 @@ stay on the MDS reader.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,10 +31,13 @@ SHUFFLE_BUFFER_BATCHES = 4
 
 @functools.lru_cache(maxsize=4)
 def _split_reader(dirs: tuple[str, ...], split: str, cache_dir: str):
-    """A split's MDS reader, opened once per Ray worker process (Ray keeps them warm between epochs)."""
+    """A split's MDS reader, opened once per Ray worker process (Ray keeps them warm between epochs). Each
+    process has a cache of its own: streaming's shared memory is one reader's per cache folder, and Ray Data
+    runs several reading tasks at once (so a node holds up to one decompressed copy per reading process)."""
     from pipeline.data.reading import TrainingData
 
-    return TrainingData.open(list(dirs), Path(cache_dir)).dataset(split, shuffle=False, seed=0, batched=True)
+    cache = Path(cache_dir) / f"reader-{os.getpid()}"
+    return TrainingData.open(list(dirs), cache).dataset(split, shuffle=False, seed=0, batched=True)
 
 
 def read_rows(batch: dict[str, np.ndarray], *, dirs: tuple[str, ...], split: str, cache_dir: str) -> dict[str, np.ndarray]:

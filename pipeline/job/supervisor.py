@@ -310,6 +310,9 @@ def place_for(spec: JobSpec) -> Place:
     kind = spec.launch.kind
     if kind not in PLACES:
         raise ConfigError(f"launch.kind={kind!r}: expected one of {sorted(PLACES)}")
+    if spec.launch.min_nnodes > spec.launch.nnodes:
+        raise ConfigError(f"launch.min_nnodes={spec.launch.min_nnodes}: expected at most launch.nnodes="
+                          f"{spec.launch.nnodes} (0 for a job of exactly nnodes nodes)")
     module, _, attr = PLACES[kind].partition(":")
     return getattr(importlib.import_module(module), attr)(spec)
 

@@ -100,10 +100,10 @@ class _Loop:
 
     def run(self) -> dict[str, Any]:
         cfg, tc, ctx, dist = self.cfg, self.cfg.train, self.ctx, self.ctx.dist
-        step, epoch, start_step = 0, 0, 0
+        step, epoch, start_step, in_epoch = 0, 0, 0, 0
         resumed = self._resume()
         if resumed:
-            step, epoch, start_step = resumed["step"], resumed["epoch"], resumed["step"]
+            step, epoch, start_step, in_epoch = resumed["step"], resumed["epoch"], resumed["step"], resumed["in_epoch"]
         # Forward + backward of a dense network: 6 FLOPs per parameter per sample, or per token for a
         # language model (attention's own FLOPs left out, as MFU figures usually do).
         flops = 6.0 * sum(p.numel() for p in self.model.parameters())
@@ -127,7 +127,7 @@ class _Loop:
             sums: dict[str, torch.Tensor] = {}
             count = 0
             batches = iter(self.train_loader)
-            step_in_epoch = step - epoch * self.steps_per_epoch
+            step_in_epoch, in_epoch = in_epoch, 0  # a resumed epoch's steps already done, then none
             stopping = False
             while step_in_epoch < self.steps_per_epoch:
                 waited = time.perf_counter()
@@ -268,14 +268,32 @@ class _Loop:
         self.scheduler.load_state_dict(state["scheduler"])
         if state["loader"] is not None:
             self.train_loader.load_state_dict(state["loader"])
+        in_epoch = self._steps_done_in_epoch(state)
+        # The rest of the run in this world's steps (more of them on fewer ranks), for the LR schedule too.
+        tc = cfg.train
+        self.total_steps = state["step"] + (self.steps_per_epoch - in_epoch) + self.steps_per_epoch * (
+            tc.epochs - state["epoch"] - 1)
+        self.scheduler.lr_lambdas[0].total_steps = self.total_steps
         if state["world_size"] == ctx.dist.world_size:
             restore_rng(state["rng"][ctx.dist.rank])
         else:
             torch.manual_seed(cfg.train.seed + ctx.dist.rank + state["step"])
             ctx.log(f"WARNING: checkpoint written by {state['world_size']} ranks, resuming on {ctx.dist.world_size}: "
                     f"random streams are reseeded, so the run is not bit-identical to an uninterrupted one")
-        ctx.log(f"resuming from checkpoint {chosen}: step {state['step']}, epoch {state['epoch']}")
-        return {"step": state["step"], "epoch": state["epoch"], "path": chosen, "metrics": state["metrics"]}
+        ctx.log(f"resuming from checkpoint {chosen}: step {state['step']}, epoch {state['epoch'] + 1} at its step "
+                f"{in_epoch} of {self.steps_per_epoch} on {ctx.dist.world_size} rank(s)")
+        return {"step": state["step"], "epoch": state["epoch"], "in_epoch": in_epoch, "path": chosen,
+                "metrics": state["metrics"]}
+
+    def _steps_done_in_epoch(self, state: dict[str, Any]) -> int:
+        """Optimizer steps of the checkpoint's epoch already trained, in this world's steps: from the loader's
+        position (samples of the epoch over all ranks), so a resume on another number of ranks (an elastic
+        restart after losing a node) continues at the same sample; from the step count without one."""
+        loader, tc = state.get("loader") or {}, self.cfg.train
+        if "sample_in_epoch" not in loader:
+            return state["step"] - state["epoch"] * self.steps_per_epoch
+        per_step = self.ctx.dist.world_size * tc.batch_size * tc.grad_accum_steps
+        return min(self.steps_per_epoch, int(loader["sample_in_epoch"]) // per_step)
 
     @torch.no_grad()
     def _validate(self, step: int) -> dict[str, float]:

@@ -49,7 +49,7 @@ def _shm() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def nodes():
     """A head (1 CPU) and a worker node (1 CPU) in its own network namespace; afterwards nothing of Ray left."""
     before = (set(ray_processes()), _shm())
     ray_ports: set = set()
@@ -65,7 +65,7 @@ def cluster():
         worker = WorkerNode(head.gcs_address, node_ip=WORKER_IP, cpus=1, wrap=namespace.wrap(),
                             env={"GLOO_SOCKET_IFNAME": namespace.dev})
         wait_for_nodes(head.address, 2)
-        yield head.address
+        yield head.address, worker
         ray_ports = _listening({int(p.split(":")[0]) for p in set(ray_processes()) - before[0]})
     finally:
         if worker is not None:
@@ -78,6 +78,11 @@ def cluster():
     assert set(ray_processes()) - before[0] == set(), "Ray processes outlived the cluster"
     assert ray_ports and ray_ports & _listening() == set(), "Ray's sockets still listening after the cluster stopped"
     assert _shm() - before[1] == set(), "/dev/shm entries left by Ray"
+
+
+@pytest.fixture(scope="module")
+def cluster(nodes) -> str:
+    return nodes[0]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +105,7 @@ def torchrun_result(job, tmp_path_factory):
 
 
 def _spec(job, address: str, out: Path, **launch) -> JobSpec:
-    options = {"kind": "ray", "nproc_per_node": 2, "grace_period_s": 3, **launch,
+    options = {"kind": "ray", "nproc_per_node": 2, "grace_period_s": 3, "max_restarts": 1, **launch,
                "ray": {"address": address, "python": sys.executable, "cpus_per_worker": 1}}
     return JobSpec(entry=job, job_dir=out, launch=launch_config(options), name="raytest",
                    labels={"dag_id": "ray", "run_id": out.name, "task_id": "train", "try_number": "1"})
@@ -169,3 +174,26 @@ def test_sigkill_of_the_task_process_stops_the_ray_job(cluster, job, tmp_path):
     while client.get_job_status(sid).value not in ("STOPPED", "FAILED", "SUCCEEDED") and time.monotonic() < deadline:
         time.sleep(0.5)
     assert client.get_job_status(sid).value == "STOPPED"
+
+
+def test_losing_one_of_two_nodes_resumes_on_the_node_left_at_the_same_sample(nodes, job, tmp_path):
+    """Elastic (launch.min_nnodes): the worker node goes away mid-epoch; Ray Train restarts with the one worker
+    that still fits and the loop resumes from the last checkpoint at the sample the two workers had reached.
+    The last test of the module: the cluster has one node afterwards."""
+    address, worker = nodes
+    out, lines = tmp_path / "out", []
+    watcher = when_checkpoint(out, lambda beats: worker.stop(), CHECKPOINT_EVERY)
+    result = Job(_spec(job, address, out, nnodes=2, nproc_per_node=1, min_nnodes=1)).run(lines.append)
+    watcher.join(timeout=5)
+    assert not worker.alive()
+    assert result["world_size"] == 1
+    print("\n".join(line for line in lines if "resum" in line or "restart" in line or "world_rank=" in line))
+    resumed = next(line for line in lines if "resuming from checkpoint" in line and "on 1 rank" in line)
+    epoch, done, per_epoch = map(int, re.search(r"epoch (\d+) at its step (\d+) of (\d+) on 1 rank", resumed).groups())
+    two_ranks = int(re.search(r"(\d+) steps/epoch", next(line for line in lines if "on 2 rank(s)" in line)).group(1))
+    # The checkpoint was written by 2 ranks, step start_step, that many steps into its epoch; on 1 rank a step
+    # takes half the samples: the epoch resumes twice as many steps in, at the same sample, and runs to its end.
+    assert 0 < done < per_epoch
+    assert done == 2 * (result["start_step"] - (epoch - 1) * two_ranks)
+    assert result["steps"] == result["start_step"] + (per_epoch - done) + per_epoch * (2 - epoch)
+    assert any("checkpoint written by 2 ranks, resuming on 1" in line for line in lines)

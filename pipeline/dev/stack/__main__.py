@@ -51,10 +51,13 @@ def _ui() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.dev.stack", description=__doc__)
     parser.add_argument("command", choices=["up", "down", "ui"])
+    parser.add_argument("--ray", action="store_true", help="up: also a Ray head on 127.0.0.1, the ray_default "
+                        "connection pointed at it (make stack RAY=1)")
     args = parser.parse_args(argv)
     if args.command == "ui":
         return _ui()
     stack = LocalStack.from_env(SERVICES_MODE)
+    stack.ray = args.ray
     if args.command == "up":
         stack.up()
         print(stack.banner(), flush=True)

@@ -2,7 +2,9 @@
 
 ``services`` (``make stack``): Airflow api-server, scheduler, dag-processor, triggerer and a Celery worker
 on this machine's PostgreSQL and Redis, and an MLflow tracking server on PostgreSQL serving artifacts
-from a local folder; the processes outlive the command, ``make stack-down`` ends them.
+from a local folder; the processes outlive the command, ``make stack-down`` ends them. With ``ray``
+(``make stack RAY=1``), a Ray head (``pipeline.dev.stack.ray_head``) starts first and the Airflow services get
+the ``ray_default`` connection to it.
 
 ``embedded`` (``make ui``): the embedded default (SQLite, LocalExecutor) with the same Airflow
 components and an MLflow UI on the local store, in the foreground; Ctrl-C ends every process.
@@ -42,6 +44,7 @@ class LocalStack:
     db_prefix: str = "pipeline_stack"
     gpu_slots: int = 2
     worker_concurrency: int = 4
+    ray: bool = False  # a Ray head (pipeline.dev.stack.ray_head) that the ray_default connection points at
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -175,17 +178,33 @@ class LocalStack:
         state = {"mode": self.mode, "home": str(self.home), "airflow_url": self.airflow_url,
                  "mlflow_url": self.mlflow_url, "pids": {}}
         try:
+            if self.ray:  # first: the Airflow services start with the connection to it
+                from pipeline.dev.stack import ray_head
+
+                token = self.secrets()["RAY_AUTH_TOKEN"]
+                address_file = self.home / "ray.json"
+                address_file.unlink(missing_ok=True)
+                # Every Ray job sees its cluster's environment: Airflow's settings and secrets stay out of it.
+                head_env = {k: v for k, v in env.items() if not k.startswith("AIRFLOW")}
+                self._start("ray-head", ray_head.command(address_file), {**head_env, "RAY_AUTH_TOKEN": token}, state)
+                state["ray_address"] = ray_head.wait_address(
+                    address_file, lambda: _exited(state["pids"]["ray-head"]), timeout_s)
+                env["AIRFLOW_CONN_RAY_DEFAULT"] = ray_head.connection(state["ray_address"], token)
             for name, argv in self.commands().items():
-                with open(log_dir / f"{name}.log", "ab") as log:
-                    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(self.home))
-                state["pids"][name] = proc.pid
-                write_private(self.state_path, json.dumps(state, indent=1))
+                self._start(name, argv, env, state)
             self.wait_ready(state, timeout_s)
         except BaseException:
             self.down()
             raise
         return state
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str], state: dict) -> None:
+        """Start one service in a session of its own, its output in ``logs/NAME.log``, its pid in the state."""
+        with open(self.home / "logs" / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(self.home))
+        state["pids"][name] = proc.pid
+        write_private(self.state_path, json.dumps(state, indent=1))
 
     def wait_ready(self, state: dict, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -217,6 +236,8 @@ class LocalStack:
             "=" * 72,
             f"Airflow UI  {self.airflow_url}   user admin   password {self.admin_password()}",
             f"MLflow UI   {self.mlflow_url}",
+            *([f"Ray         {ray} (dashboard; RAY_AUTH_TOKEN in {self.home / 'secrets.env'})"]
+              if (ray := (self.state() or {}).get("ray_address")) else []),
             f"logs        {self.home / 'logs'}",
             "stop        " + ("make stack-down" if self.mode == SERVICES_MODE else "Ctrl-C"),
             "DAGs start paused: unpause one in the UI (or PATCH /api/v2/dags/<id> is_paused=false) before"

@@ -1,8 +1,9 @@
 """Secrets of a deployment, generated on the machine that runs it and never committed.
 
 ``make stack-env`` writes the compose file's env file (``.env`` beside ``docker-compose.yml``): database,
-broker and object-store passwords, the Airflow admin password, the Fernet key and the JWT secret.
-An existing file is kept (its secrets already encrypt data); ``--force`` replaces it.
+broker and object-store passwords, the Airflow admin password, the Fernet key, the JWT secret and Ray's
+token. An existing file is kept (its secrets already encrypt data), with what it lacks appended; ``--force``
+replaces it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ GENERATED = {
     "AIRFLOW_FERNET_KEY": lambda: base64.urlsafe_b64encode(os.urandom(32)).decode(),
     # Airflow signs API and task tokens with it: 64 bytes or more.
     "AIRFLOW_JWT_SECRET": lambda: secrets.token_hex(64),
+    # Ray's token authentication (the Ray services, and the password of the ray_default connection); Ray's
+    # own generator makes 32 random bytes in hex.
+    "RAY_AUTH_TOKEN": lambda: secrets.token_hex(32),
 }
 
 
@@ -38,9 +42,11 @@ def env_text(uid: int | None = None) -> str:
 
 
 def write_env_file(path: Path, force: bool = False) -> bool:
-    """Write a fresh env file at ``path`` (mode 0600); False when one exists and ``force`` is not set."""
+    """Write a fresh env file at ``path`` (mode 0600); False when one exists and ``force`` is not set (the
+    variables it lacks, from a version before them, are appended; its values are kept)."""
     path = Path(path)
     if path.exists() and not force:
+        add_missing(path)
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -49,6 +55,17 @@ def write_env_file(path: Path, force: bool = False) -> bool:
         out.write(env_text())
     os.replace(tmp, path)
     return True
+
+
+def add_missing(path: Path) -> list[str]:
+    """Append the generated variables that the env file at ``path`` lacks; returns their names."""
+    missing = [name for name in GENERATED if name not in read_env_file(path)]
+    if missing:
+        text = Path(path).read_text()
+        with open(path, "a") as out:
+            out.write(("\n" if text and not text.endswith("\n") else "")
+                      + "".join(f"{name}={GENERATED[name]()}\n" for name in missing))
+    return missing
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -69,10 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", default=".env", help="env file to write (default .env)")
     parser.add_argument("--force", action="store_true", help="replace an existing file")
     args = parser.parse_args(argv)
-    if write_env_file(Path(args.path), args.force):
+    path = Path(args.path)
+    added = add_missing(path) if path.exists() and not args.force else []
+    if write_env_file(path, args.force):
         print(f"wrote {args.path} (mode 0600): docker compose reads it from beside docker-compose.yml")
     else:
-        print(f"{args.path} exists; kept (--force replaces it, and the data its keys encrypted becomes unreadable)")
+        print(f"{args.path} exists; kept (--force replaces it, and the data its keys encrypted becomes unreadable)"
+              + (f"; added what it lacked: {', '.join(added)}" if added else ""))
     return 0
 
 

@@ -62,32 +62,13 @@ def build(*, name: str, entry: list[str], launch: LaunchConfig, env: dict[str, s
     kube = launch.kubernetes
     check(launch, job_dir)
     service_name = name
-    meta_labels = {JOB_LABEL: name, **{LABEL_PREFIX + k: label_value(v) for k, v in labels.items()}}
-    annotations = {LABEL_PREFIX + k: str(v) for k, v in labels.items()}
+    meta_labels, annotations = object_labels(name, labels)
     torchrun = ["python", "-m", "torch.distributed.run", "--tee=3", f"--log-dir={log_dir}/node-$(PET_NODE_RANK)",
                 *(["--no-python"] if no_python else []), *entry]
-    container = k8s.V1Container(
-        name=CONTAINER, image=kube.image, image_pull_policy=kube.image_pull_policy, command=torchrun,
-        env=pod_env(name, service_name, launch, env), ports=[k8s.V1ContainerPort(container_port=kube.master_port, name="rdzv")],
-        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s)) for s in kube.env_from_secrets] or None,
-        resources=_resources(launch), volume_mounts=_mounts(kube),
-        security_context=k8s.V1SecurityContext(
-            run_as_non_root=True, run_as_user=kube.run_as_user, allow_privilege_escalation=False,
-            capabilities=k8s.V1Capabilities(drop=["ALL"]), seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
-        termination_message_policy="FallbackToLogsOnError",
-    )
-    pod = k8s.V1PodSpec(
-        containers=[container], restart_policy="Never", subdomain=service_name,
-        service_account_name=kube.service_account or None,
-        node_selector=dict(_pair(s, "launch.kubernetes.node_selector") for s in kube.node_selector) or None,
-        tolerations=[_toleration(t) for t in kube.tolerations] or None,
-        affinity=_affinity(kube.affinity), priority_class_name=kube.priority_class or None,
-        image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in kube.image_pull_secrets] or None,
-        volumes=_volumes(kube), termination_grace_period_seconds=int(launch.grace_period_s),
-        security_context=k8s.V1PodSecurityContext(
-            run_as_non_root=True, run_as_user=kube.run_as_user, fs_group=kube.run_as_user,  # group 0: the image's
-            seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
-    )
+    container = node_container(
+        launch, name=CONTAINER, command=torchrun, env=pod_env(name, service_name, launch, env),
+        ports=[k8s.V1ContainerPort(container_port=kube.master_port, name="rdzv")])
+    pod = node_pod_spec(launch, [container], restart_policy="Never", subdomain=service_name)
     job_labels = dict(meta_labels)
     if kube.queue_name:
         job_labels["kueue.x-k8s.io/queue-name"] = kube.queue_name
@@ -110,6 +91,51 @@ def build(*, name: str, entry: list[str], launch: LaunchConfig, env: dict[str, s
             ports=[k8s.V1ServicePort(name="rdzv", port=kube.master_port, target_port=kube.master_port)]),
     )
     return Manifests(job=job, service=service)
+
+
+def object_labels(name: str, labels: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels (``pipeline.ddp/job`` = ``name``, each of ``labels`` as a label value) and annotations (their
+    exact text) of an attempt's objects and pods."""
+    meta_labels = {JOB_LABEL: name, **{LABEL_PREFIX + k: label_value(v) for k, v in labels.items()}}
+    return meta_labels, {LABEL_PREFIX + k: str(v) for k, v in labels.items()}
+
+
+def node_container(launch: LaunchConfig, *, name: str, command: list[str] | None = None,
+                   env: list[k8s.V1EnvVar] | None = None, ports: list[k8s.V1ContainerPort] | None = None,
+                   resources: k8s.V1ResourceRequirements | None = None, mounts: bool = True) -> k8s.V1Container:
+    """A container of ``launch.kubernetes.image`` as every pod of a job runs it: non-root without privileges,
+    a node's resources (``resources`` replaces them), the volumes and ``/dev/shm`` mounted (unless
+    ``mounts`` is false), secrets by reference only."""
+    kube = launch.kubernetes
+    return k8s.V1Container(
+        name=name, image=kube.image, image_pull_policy=kube.image_pull_policy, command=command, env=env, ports=ports,
+        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s)) for s in kube.env_from_secrets] or None,
+        resources=resources or _resources(launch), volume_mounts=_mounts(kube) if mounts else None,
+        security_context=k8s.V1SecurityContext(
+            run_as_non_root=True, run_as_user=kube.run_as_user, allow_privilege_escalation=False,
+            capabilities=k8s.V1Capabilities(drop=["ALL"]), seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
+        termination_message_policy="FallbackToLogsOnError",
+    )
+
+
+def node_pod_spec(launch: LaunchConfig, containers: list[k8s.V1Container], *, volumes: bool = True,
+                  **fields: Any) -> k8s.V1PodSpec:
+    """The pod spec every pod of a job shares: service account, scheduling (node selector, tolerations,
+    affinity, priority class), image pull secrets, the volumes (unless ``volumes`` is false), the grace
+    period and a non-root security context; ``fields``: the rest (``restart_policy``, ``subdomain``)."""
+    kube = launch.kubernetes
+    return k8s.V1PodSpec(
+        containers=containers, service_account_name=kube.service_account or None,
+        node_selector=dict(_pair(s, "launch.kubernetes.node_selector") for s in kube.node_selector) or None,
+        tolerations=[_toleration(t) for t in kube.tolerations] or None,
+        affinity=_affinity(kube.affinity), priority_class_name=kube.priority_class or None,
+        image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in kube.image_pull_secrets] or None,
+        volumes=_volumes(kube) if volumes else None, termination_grace_period_seconds=int(launch.grace_period_s),
+        security_context=k8s.V1PodSecurityContext(
+            run_as_non_root=True, run_as_user=kube.run_as_user, fs_group=kube.run_as_user,  # group 0: the image's
+            seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
+        **fields,
+    )
 
 
 def master_addr(name: str, service_name: str) -> str:
@@ -148,6 +174,14 @@ def rendered_pod(manifests: Manifests, index: int) -> tuple[list[str], dict[str,
 def check(launch: LaunchConfig, job_dir: str) -> None:
     """Refuse what would fail in the cluster: the job folder must be on a mounted volume."""
     kube = launch.kubernetes
+    if launch.min_nnodes:
+        raise ConfigError(f"launch.min_nnodes={launch.min_nnodes}: the Kubernetes place runs an indexed Job of exactly "
+                          f"launch.nnodes pods; elastic jobs run on the local launcher or on Ray")
+    check_job_folder(kube, job_dir)
+
+
+def check_job_folder(kube: KubernetesConfig, job_dir: str) -> None:
+    """Refuse a job folder that no volume of ``launch.kubernetes.volumes`` holds at the same path."""
     for item in kube.volumes:
         _volume(item)
     mounts = [PurePosixPath(_volume(item)[1]) for item in kube.volumes]

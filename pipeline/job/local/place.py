@@ -36,6 +36,7 @@ def torchrun_command(
     nproc_per_node: int,
     log_dir: Path,
     nnodes: int = 1,
+    min_nnodes: int = 0,
     node_rank: int = 0,
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "job",
@@ -51,7 +52,8 @@ def torchrun_command(
     else:
         if not rdzv_endpoint:
             raise ValueError(f"nnodes={nnodes} needs rdzv_endpoint (host:port of the c10d rendezvous)")
-        topology = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+        elastic = f"{min_nnodes}:" if 0 < min_nnodes < nnodes else ""  # torchrun's elastic MIN:MAX
+        topology = [f"--nnodes={elastic}{nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
     return [
         sys.executable, "-m", "torch.distributed.run", *topology,
@@ -88,7 +90,8 @@ class LocalPlace:
         spec, launch = self.spec, self.spec.launch
         clean_stale_shared_memory()  # logs what it removed, once
         command = torchrun_command(
-            list(spec.entry), nproc_per_node=launch.nproc_per_node, nnodes=launch.nnodes, node_rank=launch.node_rank,
+            list(spec.entry), nproc_per_node=launch.nproc_per_node, nnodes=launch.nnodes, min_nnodes=launch.min_nnodes,
+            node_rank=launch.node_rank,
             rdzv_endpoint=launch.rdzv_endpoint or None, no_python=spec.no_python, log_dir=attempt.log_dir,
             rdzv_id=attempt.name,
         )

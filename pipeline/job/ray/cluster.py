@@ -128,10 +128,12 @@ class LocalCluster:
 
 
 def _answers(address: str, token: str | None) -> bool:
-    request = urllib.request.Request(f"{address}/api/version",
+    """The head's node is registered and alive (the dashboard answers a little before its raylet does)."""
+    request = urllib.request.Request(f"{address}/api/v0/nodes",
                                      headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(request, timeout=2) as response:
-            return "ray_version" in json.loads(response.read())
-    except (OSError, ValueError):
+        with urllib.request.urlopen(request, timeout=5) as response:
+            nodes = json.loads(response.read())["data"]["result"]["result"]
+    except (OSError, ValueError, KeyError, TypeError):
         return False
+    return any(node.get("state") == "ALIVE" for node in nodes)

@@ -1,9 +1,9 @@
 """The Ray job's driver: ``python -m pipeline.job.ray.entry --job JSON -- ENTRY...`` builds Ray Train's
 ``TorchTrainer`` from the launch config and runs ``pipeline.job.ray.worker.run_rank`` on every worker.
 
-- ``ScalingConfig``: ``launch.nnodes x launch.nproc_per_node`` workers (or, elastic, from
-  ``launch.ray.min_workers`` up to that), ``launch.ray.cpus_per_worker`` CPUs and one GPU each when
-  ``launch.gpus_per_node`` asks for GPUs;
+- ``ScalingConfig``: ``launch.nnodes x launch.nproc_per_node`` workers (elastic, from ``launch.min_nnodes x
+  launch.nproc_per_node``: after losing a node Ray Train restarts with the workers that still fit),
+  ``launch.ray.cpus_per_worker`` CPUs and one GPU each when ``launch.gpus_per_node`` asks for GPUs;
 - ``RunConfig``: named by the run key (the same on every try of the task, so a retry finds the same run),
   stored in the job folder's checkpoints; ``FailureConfig(max_failures=launch.max_restarts)``: Ray restarts
   the worker group after a worker dies, and the recipe's loop resumes from its last checkpoint;
@@ -38,8 +38,8 @@ def trainer(job: dict, entry: list[str]):
         train_loop_config={"entry": entry, "no_python": job.get("no_python", False), "job_dir": job["job_dir"]},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(
-            num_workers=(launch.ray.min_workers, workers) if 0 < launch.ray.min_workers < workers else workers,
-            use_gpu=use_gpu, resources_per_worker=resources),
+            num_workers=(launch.min_nnodes * launch.nproc_per_node, workers) if 0 < launch.min_nnodes < launch.nnodes
+            else workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(name=job["run_name"], storage_path=job["storage"],
                              failure_config=FailureConfig(max_failures=launch.max_restarts,
                                                           controller_failure_limit=launch.max_restarts)),

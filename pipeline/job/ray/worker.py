@@ -49,11 +49,11 @@ def run_rank(config: dict[str, Any]) -> None:
     entry, rank = list(config["entry"]), os.environ.get("RANK", "?")
     os.environ["PIPELINE_RESTART_COUNT"] = str(_restarts(config))
     prefix = f"[rank {rank}]: "
-    if config.get("no_python"):
-        proc = subprocess.run(entry, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, errors="replace")
-        for line in proc.stdout.splitlines():
-            print(prefix + line, flush=True)
+    if config.get("no_python"):  # an executable (a toolchain's CLI) reading the same environment, its lines live
+        with subprocess.Popen(entry, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace") as proc:
+            for line in proc.stdout:
+                print(prefix + line.rstrip("\n"), flush=True)
         if proc.returncode:
             raise RuntimeError(f"rank {rank}: {entry[0]} exited with code {proc.returncode}")
         return
@@ -90,6 +90,7 @@ def failure_policy(job_dir: str, max_restarts: int):
     and every restart is announced as the supervisor announces its own, with why (a preemption's step)."""
     from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy
     from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
+    from ray.train.v2.api.exceptions import ControllerError
 
     class SupervisorsPolicy(DefaultFailurePolicy):
         restarts = 0
@@ -103,14 +104,22 @@ def failure_policy(job_dir: str, max_restarts: int):
             if reported_user_error(files.errors) is not None:
                 return FailureDecision.RAISE
             decision = super().make_decision(training_failed_error)
-            if decision == FailureDecision.RETRY:
+            if decision == FailureDecision.RETRY and isinstance(training_failed_error, ControllerError):
+                print(f"Ray Train could not start the worker group ({_first_line(training_failed_error)}); "
+                      f"trying again", flush=True)  # its own budget (controller_failure_limit), not a restart
+            elif decision == FailureDecision.RETRY:
                 self.restarts += 1
                 preempted = read_preemption(files.progress)
                 why = (f"the ranks were sent SIGTERM (an eviction or a stop) and checkpointed at step {preempted['step']}"
-                       if preempted else f"a worker failed: {str(training_failed_error).strip().splitlines()[0]}")
+                       if preempted else f"a worker failed: {_first_line(training_failed_error)}")
                 (files.progress / PREEMPTION_FILE).unlink(missing_ok=True)  # this restart's, not the next one's
                 print(f"{why}; restarting every rank ({self.restarts} of {max_restarts}); training resumes from "
                       f"its last checkpoint", flush=True)
             return decision
 
     return SupervisorsPolicy
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return " ".join(lines[:2]) if lines else type(error).__name__
