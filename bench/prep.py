@@ -53,24 +53,26 @@ def run_baseline(kind: str, path: str, out: str) -> dict:
     import pyarrow.parquet as pq
     from streaming import MDSWriter
 
+    from pipeline.data.mds import HASHES  # the digests the pipeline computes, so both pay for the same
+
     started = time.perf_counter()
     rows = 0
     if kind == "tabular":
         pf = pq.ParquetFile(path)
         columns = {f"x{i}": "float64" for i in range(6)} | {"region": "str", "device": "str", "plan": "str",
                                                              "label": "int64"}
-        with MDSWriter(out=out, columns=columns, compression="zstd", hashes=["sha1", "xxh64"], size_limit=1 << 26) as w:
+        with MDSWriter(out=out, columns=columns, compression="zstd", hashes=HASHES, size_limit=1 << 26) as w:
             for batch in pf.iter_batches(batch_size=65_536):
                 for row in batch.to_pylist():
                     w.write(row)
                     rows += 1
     else:
-        from pipeline.data.sources import read_idx
+        from pipeline.data import idx
 
-        images = read_idx(str(Path(path) / "train-images-idx3-ubyte.gz"), 0x803)  # whole file
-        labels = read_idx(str(Path(path) / "train-labels-idx1-ubyte.gz"), 0x801)
+        images = idx.read(str(Path(path) / "train-images-idx3-ubyte.gz"), 0x803)  # whole file
+        labels = idx.read(str(Path(path) / "train-labels-idx1-ubyte.gz"), 0x801)
         with MDSWriter(out=out, columns={"image": "ndarray:uint8:28,28", "label": "int64"}, compression="zstd",
-                       hashes=["sha1", "xxh64"], size_limit=1 << 26) as w:
+                       hashes=HASHES, size_limit=1 << 26) as w:
             for image, label in zip(images, labels):
                 w.write({"image": image, "label": np.int64(label)})
                 rows += 1

@@ -38,6 +38,15 @@ class ResultError(UserError):
     usually a task wired in by hand (``release`` after a DAG author's own training task)."""
 
 
+class OutOfSpace(UserError):
+    """A write that failed for want of space (ENOSPC, EDQUOT) or of a writable file system (EROFS); the message
+    names the path, the bytes the write needed and the bytes free (``pipeline.diskspace``).
+
+    Not the user's mistake, but like one in that a retry cannot help: it writes to the same file system,
+    no emptier than before. So it fails at once, never restarted nor retried: free space, then clear the
+    task (a failed checkpoint save leaves the previous complete checkpoint, which training resumes from)."""
+
+
 class RankUserError(UserError):
     """A rank of a training job failed with a user error (its type and message are in this one's)."""
 
@@ -91,10 +100,14 @@ def user_errors_reported():
         if directory:
             rank = os.environ.get("RANK", "0")
             path = Path(directory) / f"rank-{rank}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"rank": int(rank), "type": type(exc).__name__, "message": str(exc)}))
-            os.replace(tmp, path)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"rank": int(rank), "type": type(exc).__name__, "message": str(exc)}))
+                os.replace(tmp, path)
+            except OSError as report_failed:  # a disk with not even a few bytes free: the error itself still shows
+                print(f"could not report the {type(exc).__name__} to the launcher ({report_failed}); the attempt "
+                      f"will look like an infrastructure failure", flush=True)
         raise
 
 

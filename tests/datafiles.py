@@ -80,3 +80,26 @@ def read_rows(manifest: dict, cache: Path, split: str | None = None) -> list[dic
 def published(out: Path) -> list[Path]:
     """Version folders a reader would see (temporary ones start with a dot)."""
     return sorted(p for p in out.rglob("manifest.json") if not any(part.startswith(".") for part in p.parent.parts[-1:]))
+
+
+def _png(width: int, height: int, rows: bytes) -> bytes:
+    """A gray 8-bit PNG of ``width`` x ``height`` whose image data is ``rows`` (filter byte + pixels per row)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def png_bad_filter() -> bytes:
+    """A PNG whose every chunk checks out but whose scanlines name filter type 7, which does not exist: the
+    damage libpng reports as "bad adaptive filter value" (torchvision's decode_png crashed the process on it)."""
+    return _png(64, 64, (b"\x07" + bytes(64)) * 64)
+
+
+def png_bomb(side: int = 30_000) -> bytes:
+    """A PNG of a few hundred bytes whose header claims ``side`` x ``side`` pixels (a decompression bomb)."""
+    return _png(side, side, b"\x00" + bytes(side))

@@ -19,3 +19,11 @@ def local_path(uri: str) -> Path:
         raise DataError(f"{uri}: a file URI of host {parts.netloc!r}; expected a local one (file:///PATH)")
     return Path(unquote(parts.path))
 
+
+
+def open_uri(uri: str, compression: str | None = "infer"):
+    """A binary file object for reading a path or fsspec URI (gzip and other compressions undone unless
+    ``compression`` is None)."""
+    import fsspec
+
+    return fsspec.open(uri, "rb", compression=compression).open()

@@ -19,10 +19,12 @@ It is a copy of private code: a streaming upgrade must re-check it against ``Str
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from pipeline.data import integrity
 from pipeline.data.shards import Layout, ShardReader, concat, decode_columns
 
 _PREPARE_CHUNK = 8192  # sample ids the download threads look at per pass
@@ -43,7 +45,7 @@ class _Apply:
 def __getattr__(name: str):
     # BatchDataset and BatchLoader subclass streaming's classes; importing streaming (and torch) is put off
     # until one is used, so that importing this module stays cheap. Pickle finds them here too.
-    if name in ("BatchDataset", "BatchLoader"):
+    if name in ("BatchDataset", "BatchLoader", "VerifiedStream"):
         return batch_classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -57,7 +59,7 @@ def batch_classes() -> dict[str, type]:
     from time import sleep
 
     from filelock import FileLock
-    from streaming import StreamingDataLoader, StreamingDataset
+    from streaming import Stream, StreamingDataLoader, StreamingDataset
     from streaming.base.constant import TICK
     from streaming.base.dataset import _Iterator, _ShardState
     from torch.utils.data import DataLoader
@@ -103,6 +105,10 @@ def batch_classes() -> dict[str, type]:
                 yield len(ids), self.read_batch(ids)
             wait([prepare, ready], return_when="FIRST_EXCEPTION")
             it.exit()
+            for thread in (prepare, ready):
+                # Streaming only logs a download thread's error and ends the epoch early: raise it here.
+                if thread.done() and thread.exception() is not None:
+                    raise thread.exception()
 
         def _each_batch(self, it):
             """Streaming's yield loop, by batches: ids the ready thread has passed, ``-1`` skipped."""
@@ -188,8 +194,11 @@ def batch_classes() -> dict[str, type]:
                 reader = None
                 if len(layouts) == 1 and None not in layouts:  # one MDS layout throughout
                     paths = [os.path.join(s.dirname, s.split, s.raw_data.basename) for s in self.shards]
+                    names = [self.streams[k].describe((s.zip_data or s.raw_data).basename)
+                             if hasattr(self.streams[k], "describe") else path
+                             for s, k, path in zip(self.shards, self.stream_per_shard.tolist(), paths)]
                     reader = ShardReader(Layout(*map(list, layouts.pop())), paths, self.sample_offset_per_shard,
-                                         self.prepare_shard)
+                                         self.prepare_shard, names)
                 cached = self.__dict__["_batch_reader"] = (os.getpid(), reader)
             return cached[1]
 
@@ -229,7 +238,31 @@ def batch_classes() -> dict[str, type]:
             """Batches in this rank's share of the epoch."""
             return -(-len(self.dataset) // self.dataset.batch_size)
 
-    for cls in (BatchDataset, BatchLoader):
+    class VerifiedStream(Stream):
+        """One split of a published version as a ``Stream`` whose files are checked against the version's
+        manifest as they arrive in the local cache, before anything decompresses or decodes them."""
+
+        def __init__(self, *, dataset_dir: str, manifest: dict[str, Any], split: str, local: str):
+            super().__init__(remote=os.path.join(dataset_dir, split), local=local)
+            self.dataset_dir, self.version_split = dataset_dir, split
+            self.version = {"name": manifest["name"], "version": manifest["version"]}
+            self.expected = integrity.expected_files(manifest, split)
+
+        def describe(self, basename: str) -> str:
+            return (f"dataset {self.version['name']} version {self.version['version']}, split {self.version_split}, "
+                    f"shard {basename}")
+
+        def _download_file(self, from_basename: str, to_basename: str | None = None) -> str:
+            local = super()._download_file(from_basename, to_basename)
+            entry = self.expected.get(from_basename)
+            damage = integrity.check_file(Path(local), entry, self.version_split) if entry else None
+            if damage is not None:
+                os.remove(local)
+                raise integrity.damaged_error(Path(self.dataset_dir), self.version, [damage])
+            return local
+
+    classes = {"BatchDataset": BatchDataset, "BatchLoader": BatchLoader, "VerifiedStream": VerifiedStream}
+    for cls in classes.values():
         cls.__module__, cls.__qualname__ = __name__, cls.__name__
-    globals()["_BATCH_CLASSES"] = {"BatchDataset": BatchDataset, "BatchLoader": BatchLoader}
+    globals()["_BATCH_CLASSES"] = classes
     return globals()["_BATCH_CLASSES"]

@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.data.integrity import ALGORITHM, digest_bytes
+from pipeline.diskspace import space_checked
 from pipeline.errors import ConfigError, DataError
 
 SCALARS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64")
 VARIABLE = ("str", "bytes", "png", "jpeg")
-HASHES = ["sha1", "xxh64"]
+HASHES = [ALGORITHM]  # each file's digest in index.json, copied into the manifest (see integrity)
 
 
 def infer_encoding(name: str, kind: pa.DataType, first_value: Any = None) -> str:
@@ -230,12 +232,13 @@ class PartWriter:
                         *(c.tobytes() for c in self._chunks)])
         raw_name = f"shard.{len(self.shards):05}.mds"
         entry = {"samples": len(sizes), "raw_data": _file_info(raw, raw_name), "zip_data": None, **self.config}
+        data = raw
         if self.compression:
             data = _compress(self.compression, raw)
             entry["zip_data"] = _file_info(data, f"{raw_name}.{self.compression}")
-            (self.out / entry["zip_data"]["basename"]).write_bytes(data)
-        else:
-            (self.out / raw_name).write_bytes(raw)
+        path = self.out / (entry["zip_data"] or entry["raw_data"])["basename"]
+        with space_checked(path, len(data)):  # the preparation's temporary folder goes with a failure
+            path.write_bytes(data)
         self.shards.append(entry)
         self._chunks, self._sizes, self._shard_size = [], [], self.extra_bytes_per_shard
 
@@ -246,12 +249,7 @@ class PartWriter:
 
 
 def _file_info(data: bytes, basename: str) -> dict[str, Any]:
-    import hashlib
-
-    import xxhash
-
-    return {"basename": basename, "bytes": len(data),
-            "hashes": {"sha1": hashlib.sha1(data).hexdigest(), "xxh64": xxhash.xxh64(data).hexdigest()}}
+    return {"basename": basename, "bytes": len(data), "hashes": {ALGORITHM: digest_bytes(data)}}
 
 
 def _compress(algo: str, data: bytes) -> bytes:

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DataConfig
-from pipeline.data import convert, publish, sources
+from pipeline.data import convert, idx, publish, sources
 from pipeline.data import transform as row_transform
 from pipeline.data.publish import (  # noqa: F401  (the stage's public names, imported from here)
     MANIFEST, PREPROCESSING, QUARANTINE, STATS, read_manifest, read_preprocessing, read_stats,
 )
 from pipeline.data.schema import infer_plan
 from pipeline.data.types import Plan  # noqa: F401
+from pipeline.diskspace import space_checked
 
 log = logging.getLogger(__name__)
 
@@ -44,26 +45,28 @@ def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, 
     version = publish.content_version(described, cfg, inp.fmt, interval,
                                       transform_files=row_transform.files_digest(transform) if transform else None)
     final = Path(out_root) / name / version
-    if (final / MANIFEST).exists():
-        log.info("dataset %s version %s already published at %s: skipping", name, version, final)
-        return {**read_manifest(final), "skipped": True}
+    published = publish.reusable(final)
+    if published is not None:
+        log.info("dataset %s version %s already published at %s, its files intact: skipping", name, version, final)
+        return {**published, "skipped": True}
 
     units = sources.plan_units(inp, unit_bytes=cfg.unit_bytes)
     plan = infer_plan(inp, units, cfg, transform)
     workers = convert.plan_workers(units, inp.fmt, cfg.workers)
     tmp = publish.temporary_folder(final)
     try:
-        if inp.fmt == "idx":
-            units = sources.stage_idx(units, tmp / "_staged")
-        timings["plan"] = time.perf_counter() - started - timings["digest"]
-        results = convert.convert(plan, units, tmp, workers=workers)
-        timings["convert"] = time.perf_counter() - started - timings["digest"] - timings["plan"]
-        shutil.rmtree(tmp / "_staged", ignore_errors=True)
-        if transform:
-            row_transform.copy_files(transform, tmp)
-        manifest = publish.assemble(cfg, plan, name, version, final, tmp, described, results, interval, started,
-                                    timings, workers=workers)
-        publish.publish(tmp, final)
+        with space_checked(tmp, None):  # shards name the bytes they needed; the other writes are small
+            if inp.fmt == "idx":
+                units = idx.stage(units, tmp / "_staged")
+            timings["plan"] = time.perf_counter() - started - timings["digest"]
+            results = convert.convert(plan, units, tmp, workers=workers)
+            timings["convert"] = time.perf_counter() - started - timings["digest"] - timings["plan"]
+            shutil.rmtree(tmp / "_staged", ignore_errors=True)
+            if transform:
+                row_transform.copy_files(transform, tmp)
+            manifest = publish.assemble(cfg, plan, name, version, final, tmp, described, results, interval,
+                                        started, timings, workers=workers)
+            publish.publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

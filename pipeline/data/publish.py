@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DataConfig
-from pipeline.data import mds, splits
+from pipeline.data import integrity, mds, splits
 from pipeline.data.stats import Stats
 from pipeline.data.types import Plan, SourceFile
 from pipeline.data.validate import BAD_EXAMPLES
@@ -51,21 +51,45 @@ def read_stats(dataset_dir: Path) -> Stats:
     return Stats.from_dict(json.loads((Path(dataset_dir) / STATS).read_text()))
 
 
-def remove_stale_temporaries(parent: Path) -> None:
-    """Delete temporary folders of writers that died (killed, crashed host): readers never look at
-    them, but they hold disk. A folder is stale when its writer's process is gone from this host, or
-    when it is older than a day."""
+def _temporaries(parent: Path) -> list[tuple[Path, bool]]:
+    """The temporary folders under ``parent``, each with whether its writer is gone: its process is gone
+    from this host, or the folder is older than a day (its writer was on another host)."""
     host = socket.gethostname()
-    for path in parent.glob(f"{TMP_PREFIX}*"):
+    found = []
+    for path in Path(parent).glob(f"{TMP_PREFIX}*"):
         try:
             _, _, tail = path.name.removeprefix(TMP_PREFIX).partition("-")  # version-host-pid-nonce
             writer_host, pid, _ = tail.rsplit("-", 2)
             age_s = time.time() - path.stat().st_mtime
         except (ValueError, OSError):
             continue
-        if (writer_host == host and not alive(int(pid))) or age_s > STALE_TMP_S:
+        found.append((path, (writer_host == host and not alive(int(pid))) or age_s > STALE_TMP_S))
+    return found
+
+
+def remove_stale_temporaries(parent: Path) -> None:
+    """Delete temporary folders of writers that died (killed, crashed host): readers never look at
+    them, but they hold disk."""
+    for path, gone in _temporaries(parent):
+        if gone:
             log.info("removing %s, left by a writer that is gone", path)
             shutil.rmtree(path, ignore_errors=True)
+
+
+def wait_for_writers(parent: Path, timeout_s: float, poll_s: float = 1.0) -> list[Path]:
+    """Wait, at most ``timeout_s``, while versions of the dataset ``parent`` are being written (by live
+    writers); returns the temporary folders still being written when the wait ended."""
+    deadline = time.monotonic() + timeout_s
+    waited = False
+    while True:
+        writing = [path for path, gone in _temporaries(parent) if not gone]
+        if not writing or time.monotonic() >= deadline:
+            return writing
+        if not waited:
+            log.info("waiting up to %.0fs for %d version(s) of %s being written: %s", timeout_s, len(writing),
+                     parent.name, [p.name for p in writing])
+            waited = True
+        time.sleep(poll_s)
 
 
 def temporary_folder(final: Path) -> Path:
@@ -88,6 +112,20 @@ def publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def reusable(final: Path) -> dict[str, Any] | None:
+    """The manifest of the version published at ``final`` when its files are intact, else None: a damaged
+    version (a file or the manifest itself not what was published) is moved aside to be published again."""
+    try:
+        manifest = read_manifest(final)
+    except FileNotFoundError:
+        return None
+    except ValueError:  # the manifest itself is damaged
+        log.warning("%s is not readable JSON: moving the version aside to publish it again", final / MANIFEST)
+        integrity.move_aside(final)
+        return None
+    return None if integrity.set_aside_if_damaged(final, manifest) else manifest
+
+
 def describe(f: SourceFile) -> dict[str, Any]:
     import fsspec
 
@@ -99,7 +137,7 @@ def describe(f: SourceFile) -> dict[str, Any]:
     return {"path": f.uri, "relpath": f.relpath, "bytes": f.size, "sha256": digest.hexdigest()}
 
 
-_NOT_IN_VERSION = ("input_path", "format", "batch_rows", "workers", "max_bad_fraction", "partition_key",
+_NOT_IN_VERSION = ("input_path", "format", "batch_rows", "workers", "max_bad_fraction", "partition_key", "reader",
                    "window_intervals")
 
 
@@ -153,14 +191,13 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
             f"{cfg.input_path}: splits came out with rows {rows}; the train and test splits need at least "
             f"one row each (more input rows or other split fractions)"
         )
-    shards = {}
+    shards, indexes = {}, {}
     for split in splits.SPLITS:
-        shards[split] = [
-            {"basename": s["zip_data"]["basename"] if s.get("zip_data") else s["raw_data"]["basename"],
-             "samples": s["samples"],
-             **(s["zip_data"] or s["raw_data"])["hashes"]}
-            for s in mds.merge_parts(tmp / split)
-        ]
+        # The file each shard is stored as (compressed or not), with its size and digest: what readers check.
+        shards[split] = [{"basename": stored["basename"], "samples": s["samples"], "bytes": stored["bytes"],
+                          **stored["hashes"]}
+                         for s in mds.merge_parts(tmp / split) for stored in [s["zip_data"] or s["raw_data"]]]
+        indexes[split] = integrity.file_entry((tmp / split / integrity.INDEX).read_bytes(), integrity.INDEX)
     quarantine = None
     if bad:
         quarantine = _merge_quarantine(tmp)
@@ -176,10 +213,12 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
         "interval": {"start": interval[0], "end": interval[1]} if interval else None,
         "sources": described,
         "config": asdict(cfg),
+        "config_class": f"{type(cfg).__module__}:{type(cfg).__qualname__}",  # what republishing rebuilds it with
         "schema": plan.schema(),
         "label_classes": prep["label_classes"],
         "splits": rows,
         "shards": shards,
+        "indexes": indexes,
         "bad_rows": {"count": bad, "read": read, "fraction": round(bad / read, 6), "policy": plan.on_bad_rows,
                      "quarantine": QUARANTINE if quarantine else None},
         "sample_rows": sample_rows,

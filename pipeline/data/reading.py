@@ -91,12 +91,14 @@ class TrainingData:
     def dataset(self, split: str, *, shuffle: bool, seed: int, batch_size: int | None = None, batched: bool = False):
         """The split's versions as the streams of one ``StreamingDataset`` (a ``BatchDataset``, which
         iterates by whole batches, when ``batched``)."""
-        from streaming import Stream, StreamingDataset
+        from streaming import StreamingDataset
 
         # Each published version is one stream's remote; each job gets its own local cache: two jobs
         # reading one version at once would otherwise collide on streaming's per-directory shared memory.
+        # Its files are checked against the version's manifest as they arrive in the cache.
+        stream = batch_classes()["VerifiedStream"]
         streams = [
-            Stream(remote=str(d / split), local=str(self.cache_dir / m["version"] / split))
+            stream(dataset_dir=str(d), manifest=m, split=split, local=str(self.cache_dir / m["version"] / split))
             for d, m in zip(self.dirs, self.manifests) if m["splits"][split]
         ]
         if not streams:
@@ -113,9 +115,9 @@ class TrainingData:
 
         Batches hold the samples, in the order, of a ``StreamingDataLoader`` over ``dataset(split)``, but
         a batch is read as one piece from memory-mapped shards and decoded by column with numpy (see
-        ``BatchDataset``): keep ``num_workers=0`` unless images take long to decode and cores are spare."""
+        ``BatchDataset``): keep ``num_workers=0`` unless images take long to decode and cores are spare.
+        (``pipeline.data.ray_reader.ray_loader`` is the same through Ray Data.)"""
         import torch
-
         dataset = self.dataset(split, shuffle=shuffle, seed=seed, batch_size=batch_size, batched=True)
         # Loaders draw a base seed at every iter(); from their own generator, so that the global stream
         # (dropout, augmentation) is the same after a mid-epoch resume as in an uninterrupted run.

@@ -5,7 +5,7 @@ A sample is a uint32 size per variable-size column, then every column's bytes, c
 order (sorted names). So with fixed-size columns only (numbers, ndarray:DTYPE:SHAPE) a shard is a
 [n, row_bytes] array, and a batch is a row gather plus a reinterpretation per column. With text columns
 too, a shard is turned once into columns (numbers typed, text as dictionary codes) and a batch is a
-take per column. Images (PNG/JPEG) still need one decoder call per value.
+take per column. Images (PNG/JPEG) still need one decoder call per value (Pillow's: a bad one raises).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pipeline.data import images
 from pipeline.errors import DataError
 
 _SHARD_MAPS = 256  # memory maps kept open per process (each holds a file descriptor)
@@ -99,10 +100,11 @@ class ShardReader:
     brings a missing raw file back (streaming's ``prepare_shard``)."""
 
     def __init__(self, layout: Layout, paths: list[str], first_sample: np.ndarray,
-                 make_local: Callable[[int], None]):
+                 make_local: Callable[[int], None], names: list[str] | None = None):
         import collections
 
         self.layout, self.paths, self.first_sample, self.make_local = layout, paths, first_sample, make_local
+        self.names = names or paths  # how an error names shard i (its version, split and file)
         self.maps: collections.OrderedDict[int, tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
         self.columns: collections.OrderedDict[int, tuple[dict[str, Any], int]] = collections.OrderedDict()
         self.columns_bytes = 0
@@ -159,9 +161,15 @@ class ShardReader:
             bufs.append(buf)
         starts = np.cumsum(lengths) - lengths
         flat = np.empty(int(lengths.sum()), np.uint8)
-        for (_, run), buf in zip(runs, bufs):
+        shard_of = np.empty(rows, np.int64)
+        for (shard_id, run), buf in zip(runs, bufs):
             flat[_ranges(starts[run], lengths[run])] = _gather(buf, begins[run], lengths[run])
-        return _decode(self.layout, flat, starts, rows)
+            shard_of[run] = shard_id
+
+        def where(i: int) -> str:
+            return f"{self.names[shard_of[i]]}, sample {int(within[i])}"
+
+        return _decode(self.layout, flat, starts, rows, where=where)
 
     def _map(self, shard_id: int) -> tuple[np.ndarray, np.ndarray]:
         """(the shard file's bytes, its n + 1 sample offsets as int64)."""
@@ -235,9 +243,9 @@ def _split_fixed(layout: Layout, data: np.ndarray, members: list[tuple[int, int]
 
 
 def _decode(layout: Layout, flat: np.ndarray, starts: np.ndarray, rows: int,
-            text_codes: bool = False) -> dict[str, Any]:
+            text_codes: bool = False, where: Callable[[int], str] = str) -> dict[str, Any]:
     """Samples back to back in ``flat`` (sample i at ``starts[i]``) -> columns; with ``text_codes``, a text
-    column is (codes, distinct values) instead of an object array."""
+    column is (codes, distinct values) instead of an object array. ``where(i)`` names sample i in errors."""
     from streaming.base.format.mds.encodings import mds_decode
 
     if not rows:
@@ -258,7 +266,7 @@ def _decode(layout: Layout, flat: np.ndarray, starts: np.ndarray, rows: int,
         if kind[0] in ("str", "bytes"):
             out[name] = _text(_gather(flat, at, width), width, binary=kind[0] == "bytes", codes=text_codes)
         elif kind[0] == "image":
-            out[name] = _images(flat, at.tolist(), width.tolist())
+            out[name] = _images(flat, at.tolist(), width.tolist(), where, name)
         else:
             values = [mds_decode(kind[1], flat[a:a + w].tobytes()) for a, w in zip(at.tolist(), width.tolist())]
             out[name] = decode_columns([{name: v} for v in values], [name])[name]
@@ -303,50 +311,20 @@ def _text(data: np.ndarray, lengths: np.ndarray, binary: bool, codes: bool = Fal
     return array.to_numpy(zero_copy_only=False)
 
 
-def _images(flat: np.ndarray, starts: list[int], lengths: list[int]) -> np.ndarray:
+def _images(flat: np.ndarray, starts: list[int], lengths: list[int], where: Callable[[int], str] = str,
+            column: str = "image") -> np.ndarray:
     """Encoded images (``flat[start:start + length]``) -> uint8 [B, H, W(, C)] exactly as
     ``np.asarray(PIL.Image.open(...))`` gives them (an object array of arrays when their shapes differ).
 
-    PNGs of 8-bit gray, gray+alpha, RGB or RGBA without a transparency chunk, which any correct decoder
-    turns into the same pixels, go through torchvision's libpng decoder: 1.6x PIL's speed for small
-    images, whose decoding is mostly PIL's Python. Anything else (palettes, other bit depths, JPEG) is
-    PIL's."""
-    import io
-
-    import torch
-    from PIL import Image
-    from torchvision.io import ImageReadMode, decode_png
-
-    data = torch.from_numpy(flat)
+    Pillow decodes them (``pipeline.data.images``): a bad one raises a ``DataError`` at once, naming
+    ``where(i)`` (its shard and sample) and the column."""
     out = []
-    for start, length in zip(starts, lengths):
-        blob = flat[start:start + min(length, 4096)].tobytes()  # the header chunks, to check the PNG kind
-        if _plain_png(blob):
-            try:
-                pixels = decode_png(data[start:start + length], ImageReadMode.UNCHANGED).numpy()
-                out.append(pixels[0] if pixels.shape[0] == 1 else pixels.transpose(1, 2, 0))
-                continue
-            except RuntimeError:  # let PIL decode it, or say what is wrong with it
-                pass
-        out.append(np.asarray(Image.open(io.BytesIO(flat[start:start + length].tobytes()))))
+    for i, (start, length) in enumerate(zip(starts, lengths)):
+        try:
+            out.append(images.decode(flat[start:start + length].tobytes()))
+        except images.BadImage as exc:
+            raise DataError(f"{where(i)}, column {column!r}: {exc}") from None
     return _stack(out)
-
-
-def _plain_png(head: bytes) -> bool:
-    """An 8-bit PNG of color type 0, 2, 4 or 6 (gray, RGB, gray+alpha, RGBA) with no tRNS chunk before its
-    first IDAT (``head`` must hold that far)."""
-    if len(head) < 33 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR" or head[24] != 8 \
-            or head[25] not in (0, 2, 4, 6):
-        return False
-    at = 8
-    while at + 8 <= len(head):
-        size, kind = int.from_bytes(head[at:at + 4], "big"), head[at + 4:at + 8]
-        if kind == b"IDAT":
-            return True
-        if kind == b"tRNS":
-            return False
-        at += 12 + size
-    return False  # no IDAT in the head: leave it to PIL
 
 
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:

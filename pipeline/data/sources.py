@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Iterator
 
-import numpy as np
-
-from pipeline.data import local_path
+from pipeline.data import idx, local_path, open_uri
 from pipeline.data.types import Batch, Input, SourceFile, Unit, key_hashes, position_keys
 from pipeline.errors import DataError
 
@@ -148,6 +146,10 @@ def plan_units(inp: Input, *, unit_bytes: int) -> list[Unit]:
     if inp.fmt == "parquet":
         for f in inp.files:
             meta = _parquet_file(f).metadata
+            groups_rows = sum(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
+            if groups_rows != meta.num_rows:
+                raise DataError(f"{f.uri}: the footer says {meta.num_rows} rows, its row groups {groups_rows}; "
+                                f"the file is damaged")
             start, size = 0, 0
             for g in range(meta.num_row_groups):
                 size += meta.row_group(g).total_byte_size
@@ -158,7 +160,7 @@ def plan_units(inp: Input, *, unit_bytes: int) -> list[Unit]:
                 units.append(Unit(len(units), (f,), start, meta.num_row_groups, size))
     elif inp.fmt == "idx":
         for f in inp.files:
-            count, row_bytes = _idx_count(f)
+            count, row_bytes = idx.count(f)
             rows = max(1, unit_bytes // row_bytes)
             for start in range(0, max(count, 1), rows):
                 stop = min(start + rows, count)
@@ -185,17 +187,11 @@ def read_unit(unit: Unit, fmt: str, *, batch_rows: int, string_columns: list[str
     elif fmt == "jsonl":
         yield from _read_jsonl(unit.files[0], batch_rows)
     elif fmt == "idx":
-        yield from _read_idx(unit, batch_rows)
+        yield from idx.read_unit(unit, batch_rows)
     elif fmt == "image_folder":
         yield from _read_images(unit, batch_rows)
     else:
         raise DataError(f"data.format {fmt!r}: expected one of {FORMATS}")
-
-
-def _open(uri: str, compression: str | None = "infer"):
-    import fsspec
-
-    return fsspec.open(uri, "rb", compression=compression).open()
 
 
 def _parquet_file(f: SourceFile):
@@ -203,21 +199,31 @@ def _parquet_file(f: SourceFile):
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(_open(f.uri, None))
+        return pq.ParquetFile(open_uri(f.uri, None))
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"{f.uri}: not a readable Parquet file ({exc})") from exc
 
 
 def _read_parquet(unit: Unit, batch_rows: int) -> Iterator[Batch]:
+    import pyarrow as pa
+
     f = unit.files[0]
     pf = _parquet_file(f)
     groups = list(range(unit.start, unit.stop))
-    row = sum(pf.metadata.row_group(g).num_rows for g in range(unit.start))
+    row = first = sum(pf.metadata.row_group(g).num_rows for g in range(unit.start))
     if not groups:
         return
-    for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups):
-        yield Batch(batch, [f.uri], row, position_keys(f.relpath, row, batch.num_rows))
-        row += batch.num_rows
+    try:
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups):
+            yield Batch(batch, [f.uri], row, position_keys(f.relpath, row, batch.num_rows))
+            row += batch.num_rows
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"{f.uri}: row group(s) {groups[0]}-{groups[-1]} not readable after row {row} ({exc}); "
+                        f"the file is damaged") from exc
+    said = sum(pf.metadata.row_group(g).num_rows for g in groups)
+    if row - first != said:  # pages that hold other counts than the footer: a damaged file or a broken writer
+        raise DataError(f"{f.uri}: row group(s) {groups[0]}-{groups[-1]} hold {row - first} rows from row {first}, "
+                        f"the file's footer says {said}; the file is damaged")
 
 
 def _read_csv(f: SourceFile, batch_rows: int, string_columns: list[str]) -> Iterator[Batch]:
@@ -226,15 +232,49 @@ def _read_csv(f: SourceFile, batch_rows: int, string_columns: list[str]) -> Iter
 
     # Rows per block are unknown up front; ~100 bytes a row is a fair guess for tabular text.
     read = pcsv.ReadOptions(block_size=max(1 << 16, min(batch_rows * 100, 1 << 26)))
-    convert = pcsv.ConvertOptions(column_types={c: pa.string() for c in string_columns}, strings_can_be_null=True)
+    # Arrow's UTF-8 check would turn a column with one Latin-1 value into bytes, or fail a whole block:
+    # text is checked per value here instead (_check_text), so that the error names the row.
+    convert = pcsv.ConvertOptions(column_types={c: pa.string() for c in string_columns}, strings_can_be_null=True,
+                                  check_utf8=False)
     row = 0
     try:
-        reader = pcsv.open_csv(_open(f.uri), read_options=read, convert_options=convert)
+        reader = pcsv.open_csv(open_uri(f.uri), read_options=read, convert_options=convert)
         for batch in reader:
+            _check_text(batch, f.uri, row)
             yield Batch(batch, [f.uri], row, position_keys(f.relpath, row, batch.num_rows))
             row += batch.num_rows
     except pa.ArrowInvalid as exc:
         raise DataError(f"{f.uri}: not readable as CSV after row {row} ({exc})") from exc
+
+
+def _check_text(batch, uri: str, row: int) -> None:
+    """Every text value of a CSV batch is UTF-8 and holds no NUL byte (a binary file, or one in UTF-16)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for name, column in zip(batch.schema.names, batch.columns):
+        if not pa.types.is_string(column.type):
+            continue
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            values = column.cast(pa.binary()).to_pylist()
+            i = next(i for i, v in enumerate(values) if v is not None and not _is_utf8(v))
+            raise DataError(f"{uri}: row {row + i}, column {name!r}: value {values[i]!r} is not UTF-8 text; expected "
+                            f"a UTF-8 file (re-encode it: this row looks like another encoding, e.g. Latin-1)") from None
+        nul = pc.match_substring(column, "\x00").fill_null(False).to_numpy(zero_copy_only=False)
+        if nul.any():
+            i = int(nul.argmax())
+            raise DataError(f"{uri}: row {row + i}, column {name!r}: value {column[i].as_py()!r} holds a NUL byte; "
+                            f"expected text (a NUL is found in binary files and in UTF-16 text, not in a CSV)")
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _read_jsonl(f: SourceFile, batch_rows: int) -> Iterator[Batch]:
@@ -242,100 +282,38 @@ def _read_jsonl(f: SourceFile, batch_rows: int) -> Iterator[Batch]:
     import pyarrow.json as pjson
 
     row = 0
+    block_bytes = max(1 << 16, min(batch_rows * 200, 1 << 26))  # memory is bounded by blocks: no longer line
     try:
-        reader = pjson.open_json(_open(f.uri), read_options=pjson.ReadOptions(block_size=max(1 << 16, min(batch_rows * 200, 1 << 26))))
+        reader = pjson.open_json(open_uri(f.uri), read_options=pjson.ReadOptions(block_size=block_bytes))
         for batch in reader:
             yield Batch(batch, [f.uri], row, position_keys(f.relpath, row, batch.num_rows))
             row += batch.num_rows
     except pa.ArrowInvalid as exc:
+        long = _long_line(f.uri, block_bytes, first_row=row) if "straddl" in str(exc) else None
+        if long is not None:
+            raise DataError(f"{f.uri}: row {long} is a line longer than the {block_bytes:,}-byte blocks JSON Lines "
+                            f"are read in (data.batch_rows x 200 bytes, at most 64 MiB); expected one JSON object "
+                            f"of fewer bytes per line") from None
         # Arrow's message names the JSON column and the row where a value changed type.
         raise DataError(f"{f.uri}: not readable as JSON Lines after row {row} ({exc}); each line must be "
                         f"one JSON object and a column keeps one type") from exc
 
 
-def read_idx(uri: str, expected_magic: int, start: int = 0, stop: int | None = None) -> np.ndarray:
-    """Rows ``[start, stop)`` of an IDX file (images [n, rows, cols] or labels [n]), the header checked.
-
-    A plain file is read at the rows' offset; a gzipped one is decompressed up to them, which is why
-    ``stage_idx`` decompresses gzipped files once before workers share them out.
-    """
-    with _open(uri) as fh:
-        dims = _idx_header(fh, uri, expected_magic)
-        item = int(np.prod(dims[1:]))
-        stop = dims[0] if stop is None else min(stop, dims[0])
-        fh.seek(4 + 4 * len(dims) + start * item)
-        want = (stop - start) * item
-        data = fh.read(want)
-    if len(data) != want:
-        raise DataError(f"{uri}: header says {dims}, the data ends inside row {start + len(data) // max(item, 1)}; "
-                        f"the file is truncated or not IDX")
-    return np.frombuffer(data, dtype=np.uint8).reshape((stop - start, *dims[1:]))
-
-
-def _idx_header(fh, uri: str, expected_magic: int) -> list[int]:
-    head = fh.read(4)
-    magic = int.from_bytes(head, "big") if len(head) == 4 else None
-    if magic != expected_magic:
-        shown = f"{magic:#010x}" if magic is not None else "missing"
-        raise DataError(f"{uri}: IDX magic number {shown}; expected {expected_magic:#010x} "
-                        f"({'images' if expected_magic == 0x803 else 'labels'}, unsigned bytes)")
-    ndim = head[3]
-    raw = fh.read(4 * ndim)
-    if len(raw) != 4 * ndim:
-        raise DataError(f"{uri}: the IDX header is cut short; the file is truncated or not IDX")
-    return [int.from_bytes(raw[4 * i: 4 * i + 4], "big") for i in range(ndim)]
-
-
-def _idx_count(f: SourceFile) -> tuple[int, int]:
-    """Images in an IDX pair, and bytes per image and label."""
-    with _open(f.uri) as fh:
-        dims = _idx_header(fh, f.uri, 0x803)
-    with _open(f.partner) as fh:
-        labels = _idx_header(fh, f.partner, 0x801)[0]
-    if labels != dims[0]:
-        raise DataError(f"{f.partner}: {labels} labels for {dims[0]} images in {f.uri}; expected one label per image")
-    return dims[0], int(np.prod(dims[1:])) + 1
-
-
-def stage_idx(units: list[Unit], folder: Path) -> list[Unit]:
-    """Gzipped or remote IDX files decompressed once into local plain files, so that each worker reads
-    only its own rows instead of decompressing (or downloading) whole files again."""
-    import shutil
-
-    copies: dict[str, str] = {}
-
-    def local(uri: str) -> str:
-        if uri not in copies:
-            if not uri.endswith(".gz") and "://" not in uri:
-                copies[uri] = uri
-            else:
-                folder.mkdir(parents=True, exist_ok=True)
-                target = folder / f"{len(copies):04d}.idx"
-                with _open(uri) as src, open(target, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                copies[uri] = str(target)
-        return copies[uri]
-
-    return [Unit(u.index, tuple(SourceFile(f.uri, f.relpath, f.size, f.partner, (local(f.uri), local(f.partner)))
-                                for f in u.files), u.start, u.stop, u.size_bytes) for u in units]
-
-
-def _read_idx(unit: Unit, batch_rows: int) -> Iterator[Batch]:
-    import pyarrow as pa
-
-    f = unit.files[0]
-    images_at, labels_at = f.staged or (f.uri, f.partner)
-    for start in range(unit.start, unit.stop, batch_rows):
-        stop = min(start + batch_rows, unit.stop)
-        images = read_idx(images_at, 0x803, start, stop)
-        labels = read_idx(labels_at, 0x801, start, stop)
-        shape = images.shape[1:]
-        flat = pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1)), int(np.prod(shape)))
-        table = pa.record_batch({
-            "image": pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.uint8(), shape), flat),
-            "label": pa.array(labels.astype(np.int64)),
-        })
-        yield Batch(table, [f.uri], start, position_keys(f.relpath, start, stop - start))
+def _long_line(uri: str, limit: int, first_row: int) -> int | None:
+    """The first row from ``first_row`` on whose line is at least ``limit`` bytes long, the file read a
+    bounded piece at a time."""
+    with open_uri(uri) as fh:
+        row, length = 0, 0
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            at = 0
+            while (end := block.find(b"\n", at)) >= 0:
+                if row >= first_row and length + end - at >= limit:
+                    return row
+                row, length, at = row + 1, 0, end + 1
+            length += len(block) - at
+            if row >= first_row and length >= limit:
+                return row
+    return None
 
 
 def _read_images(unit: Unit, batch_rows: int) -> Iterator[Batch]:
@@ -345,7 +323,7 @@ def _read_images(unit: Unit, batch_rows: int) -> Iterator[Batch]:
         chunk = unit.files[start:start + batch_rows]
         blobs = []
         for f in chunk:
-            with _open(f.uri, None) as fh:
+            with open_uri(f.uri, None) as fh:
                 blobs.append(fh.read())
         labels = [PurePosixPath(f.relpath).parts[-2] for f in chunk]
         table = pa.record_batch({"image": pa.array(blobs, pa.binary()), "label": pa.array(labels, pa.string())})

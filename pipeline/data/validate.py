@@ -6,7 +6,7 @@ import io
 
 import numpy as np
 
-from pipeline.data import mds
+from pipeline.data import images, mds
 from pipeline.data.types import Batch, Plan, as_text, text_to_numbers
 from pipeline.errors import DataError
 
@@ -117,12 +117,14 @@ def _images(column, encoding: str, name: str, flag):
             out.append(b"")
             continue
         try:
-            with Image.open(io.BytesIO(blob)) as image:
-                image.load()
+            with images.open_image(blob) as image:
                 if mds.image_format(blob) != encoding:
                     blob = _encode_image(image, encoding)
-        except Exception as exc:  # PIL raises many types for a bad file
-            problem = f"value of {len(blob)} bytes is not a decodable image ({type(exc).__name__}: {exc}); expected a PNG or JPEG image"
+        except images.BadImage as exc:
+            flag(np.arange(len(blobs)) == i, name, lambda _, p=str(exc): p)
+            blob = b""
+        except (OSError, ValueError) as exc:  # decodes, but cannot be written as the column's encoding
+            problem = f"value of {len(blob)} bytes decodes but does not encode as {encoding} ({exc})"
             flag(np.arange(len(blobs)) == i, name, lambda _, p=problem: p)
             blob = b""
         out.append(blob)

@@ -1,14 +1,20 @@
 """Dataset versions by data interval: the asset-event metadata of a published version, and the window of
-recent intervals that a training run triggered by those events reads. Light: standard library only."""
+recent intervals that a training run triggered by those events reads, each checked before it is reused.
+Light at import: standard library only."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.errors import DataError
 from pipeline.results import Interval, PreparedData
+
+log = logging.getLogger(__name__)
+
+WRITERS_WAIT_S = 600  # how long a triggered run waits for versions of its dataset being written beside it
 
 
 def summary(manifest: dict[str, Any], wall_s: float) -> PreparedData:
@@ -41,7 +47,10 @@ def triggering_window(triggering_asset_events: Any, data_root: Path | None = Non
 
     With ``data_root``, a version of that dataset published with a newer interval counts too: events
     that arrive together (a backfill's concurrent days) can be split between a run being created and
-    none at all, so the newest day would never be trained on; a triggered run reads the newest days."""
+    none at all, so the newest day would never be trained on; a triggered run reads the newest days.
+    And versions still being written beside the triggering one (a backfill's other days, a scheduled
+    day's) are waited for, up to ``WRITERS_WAIT_S``: the run created at the first day's event would
+    otherwise train on a window without the days that finish a second later."""
     newest = None
     for events in (triggering_asset_events or {}).values():
         for event in events:
@@ -50,7 +59,14 @@ def triggering_window(triggering_asset_events: Any, data_root: Path | None = Non
                 if newest is None or extra["interval_end"] > newest["end"]:
                     newest = {"dataset": extra["dataset"], "end": extra["interval_end"]}
     if newest is not None and data_root is not None:
-        ends = [m["interval"]["end"] for m in published(Path(data_root) / newest["dataset"]) if m.get("interval")]
+        from pipeline.data.publish import wait_for_writers
+
+        dataset_dir = Path(data_root) / newest["dataset"]
+        still = wait_for_writers(dataset_dir, WRITERS_WAIT_S)
+        if still:
+            log.warning("versions of %s still being written after %ss, read without them: %s", newest["dataset"],
+                        WRITERS_WAIT_S, [p.name for p in still])
+        ends = [m["interval"]["end"] for m in published(dataset_dir) if m.get("interval")]
         newest["end"] = max([newest["end"], *ends])
     return newest
 
@@ -62,6 +78,18 @@ def published(root: Path) -> list[dict[str, Any]]:
         if not manifest.parent.name.startswith("."):
             out.append(json.loads(manifest.read_text()))
     return out
+
+
+def _intact(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A version of the window checked before it is reused; a damaged one is published again from its source
+    (or the error says why it cannot be)."""
+    from pipeline.data import integrity, local_path
+    from pipeline.data.republish import republish
+
+    dataset_dir = local_path(manifest["uri"])
+    if not integrity.check_version(dataset_dir, manifest):
+        return manifest
+    return {k: v for k, v in republish(dataset_dir).items() if k != "skipped"}
 
 
 def resolve(out_root: Path, name: str, end: str, intervals: int) -> PreparedData:
@@ -80,6 +108,7 @@ def resolve(out_root: Path, name: str, end: str, intervals: int) -> PreparedData
     chosen = [newest[k] for k in sorted(newest)][-intervals:]
     if not chosen:
         raise DataError(f"{Path(out_root) / name}: no published interval version ending by {end}")
+    chosen = [_intact(m) for m in chosen]
     rows = {split: sum(m["splits"][split] for m in chosen) for split in chosen[-1]["splits"]}
     return PreparedData(
         name=name, uri=chosen[-1]["uri"], version=chosen[-1]["version"], uris=tuple(m["uri"] for m in chosen),

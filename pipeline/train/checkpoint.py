@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from pipeline.diskspace import space_checked
 
 STATE_FILE = "state.pt"
 MARKER = "COMPLETE"  # written last; holds the state file's size and sha256
@@ -44,9 +45,18 @@ class CheckpointStore:
         self.keep = keep
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` as checkpoint ``step`` (call on one rank only) and prune to the last ``keep``."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Write ``state`` as checkpoint ``step`` (call on one rank only) and prune to the last ``keep``.
+
+        A save that fails (a full disk: ``OutOfSpace``, naming the bytes it needed and the bytes free) leaves
+        nothing of itself, and the checkpoints before it as they were."""
         final = self.root / f"step-{step:09d}"
+        with space_checked(final, state_bytes(state)):
+            self._write(step, state, final)
+        self._prune()
+        return final
+
+    def _write(self, step: int, state: dict[str, Any], final: Path) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-step-{step:09d}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
@@ -65,8 +75,6 @@ class CheckpointStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._prune()
-        return final
 
     def complete(self) -> list[tuple[int, Path]]:
         """(step, folder) of every checkpoint with its completion marker, newest first."""
@@ -97,6 +105,17 @@ class CheckpointStore:
         for path in self.root.glob(".tmp-step-*"):
             # Temporary folders of writers that died; this process is the only writer of the job now.
             shutil.rmtree(path, ignore_errors=True)
+
+
+def state_bytes(state: Any) -> int:
+    """The bytes of the tensors in ``state`` (nested dicts, lists, tuples): about what saving it writes."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return 0
 
 
 def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.diskspace import write_atomically
 from pipeline.job.spec import JobFiles
 from pipeline.train import distributed
 from pipeline.train.checkpoint import CheckpointStore
@@ -66,7 +67,6 @@ class RunContext:
         if self.dist.is_main:
             result["unsent_metrics"] = self.metrics.close(self.cfg.train.metrics_flush_timeout_s,
                                                           self.files.unsent_metrics)
-            tmp = self.files.result.with_name(f".{self.files.result.name}.tmp")
-            tmp.write_text(json.dumps(result, indent=2))
-            os.replace(tmp, self.files.result)  # the result appears only once everything is saved
+            # Written last, whole or not at all: the result appears only once everything is saved.
+            write_atomically(self.files.result, json.dumps(result, indent=2).encode())
         return result

@@ -81,11 +81,18 @@ def stack(tmp_path_factory, pipeline_home):
     (dags / "gpu_pool_probe.py").write_text(POOL_DAG_SOURCE)
     (dags / "torchrun_kill.py").write_text(KILL_DAG_SOURCE)
     demo.write_parquet(tmp / "inputs" / "demo.parquet", 3_000, seed=3)
-    demo.write_partitions(tabular_mlp.daily_input_path(), DAYS, 400, seed=21)
+    # Its own data folder: daily versions that other tests of the session publish (tests/dags: fixed dates, newer
+    # than these days when the tests run before 2026-11-29) would otherwise enter its asset-triggered windows.
+    data_dir = tmp / "data"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PIPELINE_DATA_DIR", str(data_dir))
+        demo.write_partitions(tabular_mlp.daily_input_path(), DAYS, 400, seed=21)
     stack = make_stack(tmp / "home", dags, {
-        # The daily DAG starts today: its catch-up covers none of the backfilled days. (Airflow 3.3's scheduler
-        # dies on a unique-key violation when its catch-up creates a scheduled run for a day a backfill holds.)
-        "PIPELINE_DAILY_START_DATE": str(TODAY),
+        "PIPELINE_DATA_DIR": str(data_dir),
+        # The daily DAG starts after tomorrow: its scheduler makes no run while the module runs, even across a
+        # midnight (TODAY is the date at import), so a backfill's runs are the DAG's only ones. (Airflow 3.3's
+        # scheduler dies on a unique-key violation when its catch-up creates a run for a day a backfill holds.)
+        "PIPELINE_DAILY_START_DATE": str(TODAY + timedelta(days=2)),
         "PIPELINE_RETRY_DELAY_S": "1",
         "PIPELINE_TRAIN_POOL_SLOTS": "1",  # one slot a training: the pool of 1 admits one at a time
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "1",

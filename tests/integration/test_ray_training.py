@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -24,9 +21,9 @@ import pytest
 
 from pipeline import stages
 from pipeline.job.local.place import run_torchrun
-from pipeline.job.ray.cluster import LocalCluster, jobs_client
+from pipeline.job.ray.cluster import LocalCluster
 from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.supervisor import Attempt, Job
+from pipeline.job.supervisor import Job
 from pipeline.recipes import tabular_mlp
 from tests.faults import sigkill_rank, when_checkpoint
 from tests.ray_cluster import NetworkNamespace, WorkerNode, ray_processes, wait_for_nodes
@@ -88,7 +85,7 @@ def cluster(nodes) -> str:
 @pytest.fixture(scope="module")
 def job(demo_parquet, tmp_path_factory):
     cfg = tabular_mlp.config("tiny").with_overrides({
-        "data.input_path": str(demo_parquet), "train.epochs": 2, "train.batch_size": 16,
+        "data.input_path": str(demo_parquet), "train.epochs": 2, "train.batch_size": 32,
         "train.checkpoint_every_steps": CHECKPOINT_EVERY, "train.log_every_steps": 5,
     })
     dataset = stages.prepare_data(cfg, stages.RunInfo("ray", "prep"))
@@ -148,34 +145,6 @@ def test_a_worker_killed_mid_epoch_is_restarted_by_ray_and_resumes_from_the_chec
     assert result["param_digests"] == ray_run[1]["param_digests"], "the resumed run ended elsewhere"
 
 
-def test_sigkill_of_the_task_process_stops_the_ray_job(cluster, job, tmp_path):
-    spec = _spec(job, cluster, tmp_path / "out")
-    driver = textwrap.dedent(f"""
-        import sys
-        from pathlib import Path
-        from pipeline.job.spec import JobSpec, launch_config
-        from pipeline.job.supervisor import Job
-        spec = JobSpec(entry={list(spec.entry)!r}, job_dir=Path({str(spec.job_dir)!r}),
-                       launch=launch_config({__import__("dataclasses").asdict(spec.launch)!r}),
-                       name={spec.name!r}, labels={spec.labels!r})
-        Job(spec).run(lambda line: print(line, flush=True))
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:
-            if "[rank 1]: " in line:
-                break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        proc.kill()
-    client, sid = jobs_client(cluster), Attempt(spec, 0).id
-    deadline = time.monotonic() + 30  # the issue's bound on how long the job may outlive its task
-    while client.get_job_status(sid).value not in ("STOPPED", "FAILED", "SUCCEEDED") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert client.get_job_status(sid).value == "STOPPED"
-
-
 def test_losing_one_of_two_nodes_resumes_on_the_node_left_at_the_same_sample(nodes, job, tmp_path):
     """Elastic (launch.min_nnodes): the worker node goes away mid-epoch; Ray Train restarts with the one worker
     that still fits and the loop resumes from the last checkpoint at the sample the two workers had reached.
@@ -187,7 +156,6 @@ def test_losing_one_of_two_nodes_resumes_on_the_node_left_at_the_same_sample(nod
     watcher.join(timeout=5)
     assert not worker.alive()
     assert result["world_size"] == 1
-    print("\n".join(line for line in lines if "resum" in line or "restart" in line or "world_rank=" in line))
     resumed = next(line for line in lines if "resuming from checkpoint" in line and "on 1 rank" in line)
     epoch, done, per_epoch = map(int, re.search(r"epoch (\d+) at its step (\d+) of (\d+) on 1 rank", resumed).groups())
     two_ranks = int(re.search(r"(\d+) steps/epoch", next(line for line in lines if "on 2 rank(s)" in line)).group(1))

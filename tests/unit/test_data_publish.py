@@ -33,7 +33,7 @@ def test_rerun_is_skipped_and_the_output_is_the_same_for_any_worker_count(tmp_pa
     assert len(list((dataset_dir(two) / "train").glob("part-*"))) >= 4  # units of a few 100-row groups
     assert _index_bytes(one) == _index_bytes(two)
     assert one["shards"] == two["shards"]
-    assert all(s["sha1"] and s["xxh64"] for shards in two["shards"].values() for s in shards)
+    assert all(s["xxh3_128"] and s["bytes"] for shards in two["shards"].values() for s in shards)
 
     started = time.perf_counter()
     again = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "two")
@@ -42,18 +42,15 @@ def test_rerun_is_skipped_and_the_output_is_the_same_for_any_worker_count(tmp_pa
     print(f"skipped re-run: {time.perf_counter() - started:.2f} s")
 
 
-def test_the_shard_hashes_in_the_manifest_match_the_files(tmp_path):
-    import hashlib
-
+def test_the_shard_and_index_digests_in_the_manifest_match_the_files(tmp_path):
     import xxhash
 
     write_parquet(tmp_path / "in.parquet", table(1000))
     manifest = prep.prepare(cfg(tmp_path / "in.parquet", unit_bytes=6_000), name="t", out_root=tmp_path / "out")
     for split, shards in manifest["shards"].items():
-        for shard in shards:
-            data = (dataset_dir(manifest) / split / shard["basename"]).read_bytes()
-            assert shard["sha1"] == hashlib.sha1(data).hexdigest()
-            assert shard["xxh64"] == xxhash.xxh64(data).hexdigest()
+        for entry in [*shards, manifest["indexes"][split]]:
+            data = (dataset_dir(manifest) / split / entry["basename"]).read_bytes()
+            assert entry["xxh3_128"] == xxhash.xxh3_128(data).hexdigest() and entry["bytes"] == len(data)
         assert sum(s["samples"] for s in shards) == manifest["splits"][split]
 
 
@@ -187,3 +184,34 @@ def test_versions_of_different_schemas_do_not_mix(tmp_path):
     y = prep.prepare(cfg(tmp_path / "y.parquet"), name="y", out_root=tmp_path / "out")
     with pytest.raises(DataError, match="a window reads versions of one schema"):
         TrainingData.open([x["uri"], y["uri"]], tmp_path / "cache")
+
+
+def test_a_triggered_run_waits_for_the_days_written_beside_the_one_that_triggered_it(tmp_path):
+    """A backfill's days are prepared side by side: the run that the first day's event creates must not read a
+    window without the days that are published a moment later."""
+    import shutil
+    import threading
+
+    from pipeline.data import demo, publish
+
+    demo.write_partitions(tmp_path / "raw", ["2026-11-28", "2026-11-29"], 300, seed=4)
+    out = tmp_path / "out"
+    first = prep.prepare(cfg(tmp_path / "raw"), name="daily", out_root=out, interval=("2026-11-28", "2026-11-29"))
+    writing = publish.temporary_folder(out / "daily" / "next")  # the second day's writer, at work in this process
+
+    def finish_the_second_day():
+        prep.prepare(cfg(tmp_path / "raw"), name="daily", out_root=out, interval=("2026-11-29", "2026-11-30"))
+        shutil.rmtree(writing)
+
+    event = type("Event", (), {"extra": windows.asset_extra(windows.summary({**first, "skipped": False}, 0.0))})
+    writer = threading.Thread(target=finish_the_second_day)
+    writer.start()
+    try:
+        assert windows.triggering_window({"daily": [event]}, out) == {"dataset": "daily", "end": "2026-11-30"}
+    finally:
+        writer.join()
+
+    # A temporary folder whose writer is gone holds no run up.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / "daily" / f".tmp-x-{os.uname().nodename}-{dead.stdout.strip()}-0000").mkdir()
+    assert publish.wait_for_writers(out / "daily", timeout_s=0) == []

@@ -202,7 +202,7 @@ def test_part_writer_files_are_byte_identical_to_mdswriter(tmp_path, compression
         ours.write(buf, bounds, start, stop)
     ours.finish()
     with MDSWriter(out=str(tmp_path / "theirs"), columns=columns, compression=compression,
-                   hashes=["sha1", "xxh64"], size_limit=1 << 12) as theirs:
+                   hashes=mds.HASHES, size_limit=1 << 12) as theirs:
         for row in t.to_pylist():
             theirs.write(row)
     files = sorted(p.name for p in (tmp_path / "theirs").iterdir())

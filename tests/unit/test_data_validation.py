@@ -145,7 +145,7 @@ CORPUS = [
     ("one-class", _parquet(_with("label", ["x"] * 600)), {}, DataError, "expected at least 2 classes"),
     ("undecodable-image", _corrupt_image, {}, DataError, "shirt/007.png, column 'image': value of 48 bytes is not a decodable image"),
     ("idx-label-count", _idx_label_count, {}, DataError, "49 labels for 50 images"),
-    ("idx-truncated", _idx_truncated, {}, DataError, "the file is truncated or not IDX"),
+    ("idx-truncated", _idx_truncated, {}, DataError, "the data ends inside row 49; the file is truncated"),
     ("idx-wrong-magic", _idx_wrong_magic, {}, DataError, "IDX magic number 0x00000803; expected 0x00000801"),
     ("pickle-encoding", _parquet(table()), {"column_encodings": ["a:pkl"]}, ConfigError, "pickle columns are refused"),
     ("unknown-encoding", _parquet(table()), {"column_encodings": ["a:float128"]}, ConfigError,

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeline.errors import TrainingFailed, UserError
+from pipeline.errors import TrainingFailed, TrainingStalled, TrainingTimedOut, UserError
 from pipeline.job.local.place import run_torchrun
 from tests.processes import cmdline, pids_with, wait_until_gone
 
@@ -37,6 +37,14 @@ SCRIPT = textwrap.dedent(
             os._exit(3)  # a rank dying the way an OOM kill or a lost device does: no error of the user's
         if mode == "sleep":
             time.sleep(600)
+        if mode == "native_hang":  # a decoder stuck in native code, deaf to SIGTERM (libpng's hang was so)
+            import ctypes, signal
+            from pipeline.train.progress import Heartbeat
+
+            Heartbeat.from_env().beat(1, total=10, force=True)  # training has begun: the stall clock runs
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+            while True:
+                ctypes.CDLL(None).pause()  # returns only when a handler ran (the stack-dump signal's)
 
     if __name__ == "__main__":
         main()
@@ -91,6 +99,20 @@ def test_operator_launch_options_are_the_config_fields_with_their_rules():
     assert (op.launch.nproc_per_node, op.launch.stall_timeout_s, op.launch.kind) == (4, 30.0, "local")
     with pytest.raises(ConfigError, match="launch.nproc_per_node=0: expected a value >= 1"):
         TorchrunOperator(task_id="fit2", entry=["train.py"], nproc_per_node=0)
+
+
+@pytest.mark.parametrize("watch, error", [({"stall_timeout_s": 2}, TrainingStalled), ({"timeout_s": 20}, TrainingTimedOut)],
+                         ids=["stall-watchdog", "run-timeout"])
+def test_ranks_stuck_in_native_code_that_ignore_sigterm_are_killed_after_the_grace_period(script_dir, tmp_path,
+                                                                                           watch, error):
+    marker = f"toy-native-{os.getpid()}-{tmp_path.name}"
+    lines = []
+    with pytest.raises(error):
+        run_torchrun(["-m", "toy_job", "native_hang", marker], nproc_per_node=2, job_dir=tmp_path / "job",
+                     env={"PYTHONPATH": str(script_dir)}, emit=lines.append, grace_period_s=1, **watch)
+    # SIGTERM did not end them: the guard's SIGKILL did, one grace period later.
+    assert any(line.startswith("guard: ") and "after SIGTERM: SIGKILL" in line for line in lines), lines[-20:]
+    assert wait_until_gone(marker) == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -177,3 +199,17 @@ def test_ranks_orphaned_by_a_killed_torchrun_agent_are_stopped_by_the_guard(scri
     thread.join(timeout=30)
     assert errors, "the launch did not fail"
     assert wait_until_gone(marker) == []
+
+
+def test_an_elastic_job_asks_torchrun_for_a_range_of_nodes_and_kubernetes_refuses_it(tmp_path):
+    from pipeline.errors import ConfigError
+    from pipeline.job.kubernetes.manifest import check
+    from pipeline.job.local.place import torchrun_command
+    from pipeline.job.spec import launch_config
+
+    elastic = torchrun_command(["x.py"], nproc_per_node=2, nnodes=4, min_nnodes=2, rdzv_endpoint="h:29400",
+                               log_dir=tmp_path)
+    fixed = torchrun_command(["x.py"], nproc_per_node=2, nnodes=4, rdzv_endpoint="h:29400", log_dir=tmp_path)
+    assert "--nnodes=2:4" in elastic and "--nnodes=4" in fixed
+    with pytest.raises(ConfigError, match="launch.min_nnodes=1: the Kubernetes place runs an indexed Job"):
+        check(launch_config({"kind": "kubernetes", "nnodes": 2, "min_nnodes": 1}), str(tmp_path))

@@ -15,6 +15,10 @@ import numpy as np
 import pandas as pd
 from mlflow.models import set_model
 
+# As pipeline.data.images (this file imports nothing of the project): a PNG of a few KB can claim
+# 30000 x 30000 pixels; such an image is refused before its pixels are decoded.
+MAX_PIXELS = 1 << 26
+
 
 class ImageClassifier(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
@@ -50,9 +54,14 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         if isinstance(image, (bytes, bytearray)):
             try:
                 picture = Image.open(io.BytesIO(image))
-                picture.load()
+                pixels = picture.size[0] * picture.size[1]
+                if pixels <= MAX_PIXELS:
+                    picture.load()
             except Exception as exc:
                 raise ValueError(f"row {row}: the image bytes do not decode as PNG/JPEG ({exc})") from None
+            if pixels > MAX_PIXELS:
+                raise ValueError(f"row {row}: the image claims {picture.size[0]} x {picture.size[1]} pixels, more "
+                                 f"than the {MAX_PIXELS:,} allowed")
         else:
             array = np.asarray(image)
             if array.ndim not in (2, 3):

@@ -25,7 +25,7 @@ from pipeline.data.stats import UNKNOWN
 from pipeline.errors import ConfigError
 from pipeline.evaluate.retrieval import EVALUATOR, HeldOut
 from pipeline.recipes.two_tower.model import Tower, TwoTower, in_batch_softmax_loss
-from pipeline.train.export import NETWORK_FILE, export_network
+from pipeline.train.export import NETWORK_FILE, export_network, saved_model_files
 from pipeline.registry.package import ModelPackage
 from pipeline.results import TrainedModel
 from pipeline.train.spec import TrainSpec
@@ -155,7 +155,8 @@ def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
     result = {"metrics": metrics, "steps": trainer.global_step, **callback.summary()}
     items = catalogue(cfg, data)  # on every rank: opening a split is collective
     if ctx.is_main:
-        result["model_files"] = export(cfg, model, data, ctx.out_dir, items)
+        result["model_files"] = saved_model_files(ctx.out_dir, model,
+                                                  lambda folder: export(cfg, model, data, folder, items))
     return result
 
 
