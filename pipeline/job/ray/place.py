@@ -57,8 +57,13 @@ def cluster_of(spec: JobSpec) -> tuple[str | None, str | None]:
 
 
 def run_name(spec: JobSpec) -> str:
-    """The Ray Train run's name: the run key, the same on every try and restart of the task."""
-    return spec.files.root.name if spec.files.root.name else "job"
+    """The Ray Train run's name: the run key (DAG, run, task and map index), the same on every try and restart."""
+    import hashlib
+
+    labels = spec.labels
+    key = json.dumps([labels.get(k) for k in ("dag_id", "run_id", "task_id", "map_index")] + [str(spec.files.root)])
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{labels.get('dag_id', 'job')}-{labels.get('task_id', 'run')}")
+    return f"{readable[:60]}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def job_request(attempt: Attempt, *, local: bool) -> dict[str, Any]:
