@@ -1,10 +1,14 @@
-"""What a Ray cluster exposes: the local cluster a task starts listens on loopback only, and a cluster with Ray's
-token authentication is reached with the token from the Airflow connection, never without it."""
+"""What a Ray cluster exposes and leaves: the local cluster a task starts listens on loopback only and dies with
+the task, even SIGKILLed, folder and all; a cluster with Ray's token authentication is reached with the token
+from the Airflow connection, never without it."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -54,3 +58,24 @@ def test_a_cluster_with_token_authentication_is_reached_with_the_connections_tok
         assert Job(spec).run(lambda line: None) == {"ok": True}
     finally:
         cluster.stop()
+
+
+def test_a_sigkilled_task_leaves_nothing_of_its_local_cluster(tmp_path):
+    task = ("from pipeline.job.ray.cluster import LocalCluster\n"
+            "cluster = LocalCluster(cpus=1, grace_period_s=2)\ncluster.start(print)\n"
+            "print('CLUSTER', cluster.proc.pid, cluster.temp_dir, flush=True)\nimport time; time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", task], stdout=subprocess.PIPE, text=True)
+    try:
+        line = next(line for line in proc.stdout if line.startswith("CLUSTER"))
+        _, guard_pid, folder = line.split()
+        processes = [psutil.Process(int(guard_pid)), *psutil.Process(int(guard_pid)).children(recursive=True)]
+        assert len(processes) > 3 and Path(folder).is_dir()
+    finally:
+        proc.kill()
+        proc.wait()
+    gone, alive = psutil.wait_procs(processes, timeout=60)
+    assert alive == []  # the kernel told the guard (PR_SET_PDEATHSIG), and it stopped every process by id
+    deadline = time.monotonic() + 10
+    while Path(folder).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(folder).exists()  # the sessions' logs and sockets folder too

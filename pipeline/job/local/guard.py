@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.job.local.guard", description=__doc__.splitlines()[0])
     parser.add_argument("--grace-period-s", type=float, default=10.0)
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
+    parser.add_argument("--remove-after", action="append", default=[], metavar="DIR",
+                        help="a folder of the command's own (a local Ray cluster's sessions) removed when the guard stops it")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         stop_descendants(args.grace_period_s)
+        _remove(args.remove_after)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -101,7 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     if descendants(os.getpid()):
         # A rank or loader worker that outlived torchrun (its agent was killed): no leftovers.
         stop_descendants(args.grace_period_s)
-    return returncode
+    return returncode  # a command that ended by itself keeps its folders: its caller reads them (a start-up log)
+
+
+def _remove(folders: list[str]) -> None:
+    import shutil
+
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ class LocalCluster:
                               f"--num-cpus={self.cpus}", "--disable-usage-stats", "--include-dashboard=true",
                               f"--temp-dir={self.temp_dir}", *(f"{flag}={port}" for flag, port in ports.items()))
         guard = [sys.executable, "-m", "pipeline.job.local.guard", f"--grace-period-s={self.grace_period_s}",
-                 f"--parent-pid={os.getpid()}", "--"]
+                 f"--parent-pid={os.getpid()}", f"--remove-after={self.temp_dir}", "--"]
         self.address = f"http://127.0.0.1:{ports['--dashboard-port']}"
         self.gcs_address = f"{self.node_ip}:{ports['--port']}"
         emit(f"starting a local Ray cluster for this task: {self.cpus} CPU(s), dashboard {self.address}")
