@@ -21,21 +21,25 @@ AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
     {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}}}
 
 
+# Every launch.kubernetes setting that shapes a pod, away from its default (the RayJob's tests use them too).
+KUBERNETES = {
+    "image": "registry.example.com/ml/ddp-pipelines:1.4.0", "image_pull_policy": "Always",
+    "image_pull_secrets": ["registry-creds"], "namespace": "training", "service_account": "ddp-trainer",
+    "gpu_resource": "nvidia.com/gpu", "cpu_limit": 95.5, "memory_limit_gb": 960, "shm_size_gb": 64,
+    "node_selector": ["nvidia.com/gpu.present=true", "pool=h100"],
+    "tolerations": ["nvidia.com/gpu:NoSchedule", "dedicated=training:NoExecute"],
+    "affinity": json.dumps(AFFINITY), "priority_class": "training-high",
+    "volumes": ["pipeline-home:/mnt/pipeline", "datasets:/mnt/datasets"],
+    "env_from_secrets": ["mlflow-credentials", "s3-credentials"], "run_as_user": 1000,
+    "ttl_after_finished_s": 600, "queue_name": "gpu-queue",
+}
+
+
 def every_setting(**extra) -> JobSpec:
     launch = launch_config({
         "kind": "kubernetes", "nnodes": 2, "nproc_per_node": 8, "gpus_per_node": 8, "cpus_per_node": 90,
         "memory_per_node_gb": 900, "timeout_s": 7200, "grace_period_s": 30, "backend": "nccl",
-        "kubernetes": {
-            "image": "registry.example.com/ml/ddp-pipelines:1.4.0", "image_pull_policy": "Always",
-            "image_pull_secrets": ["registry-creds"], "namespace": "training", "service_account": "ddp-trainer",
-            "gpu_resource": "nvidia.com/gpu", "cpu_limit": 95.5, "memory_limit_gb": 960, "shm_size_gb": 64,
-            "node_selector": ["nvidia.com/gpu.present=true", "pool=h100"],
-            "tolerations": ["nvidia.com/gpu:NoSchedule", "dedicated=training:NoExecute"],
-            "affinity": json.dumps(AFFINITY), "priority_class": "training-high",
-            "volumes": ["pipeline-home:/mnt/pipeline", "datasets:/mnt/datasets"],
-            "env_from_secrets": ["mlflow-credentials", "s3-credentials"], "run_as_user": 1000, "master_port": 29400,
-            "schedule_timeout_s": 900, "ttl_after_finished_s": 600, "queue_name": "gpu-queue", **extra,
-        },
+        "kubernetes": {**KUBERNETES, "master_port": 29400, "schedule_timeout_s": 900, **extra},
     })
     return JobSpec(entry=["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", f"{JOB_DIR}/config.json"],
                    job_dir=JOB_DIR, launch=launch, name="ddp-train-1", try_number=1,

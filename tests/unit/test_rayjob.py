@@ -21,7 +21,7 @@ from pipeline.job.ray.place import job_request
 from pipeline.job.ray.rayjob import MAX_NAME, ROLE_RULES, rayjob_for, rayjob_name, runtime_env, templates
 from pipeline.job.spec import JobSpec, attempt_id, launch_config
 from pipeline.job.supervisor import Attempt
-from tests.unit.test_kube_manifest import AFFINITY, JOB_DIR
+from tests.unit.test_kube_manifest import AFFINITY, JOB_DIR, KUBERNETES
 
 ENTRY = ["-m", "pipeline.train", "--recipe", "image_classifier", "--config", f"{JOB_DIR}/config.json"]
 
@@ -31,17 +31,7 @@ def every_setting(launch: dict | None = None, **kube) -> JobSpec:
         "kind": "ray", "nnodes": 2, "nproc_per_node": 8, "gpus_per_node": 8, "cpus_per_node": 90,
         "memory_per_node_gb": 900, "timeout_s": 7200, "grace_period_s": 30, "backend": "nccl",
         "ray": {"cpus_per_worker": 4, "start_timeout_s": 900},
-        "kubernetes": {
-            "image": "registry.example.com/ml/ddp-pipelines:1.4.0", "image_pull_policy": "Always",
-            "image_pull_secrets": ["registry-creds"], "namespace": "training", "service_account": "ddp-trainer",
-            "gpu_resource": "nvidia.com/gpu", "cpu_limit": 95.5, "memory_limit_gb": 960, "shm_size_gb": 64,
-            "node_selector": ["nvidia.com/gpu.present=true", "pool=h100"],
-            "tolerations": ["nvidia.com/gpu:NoSchedule", "dedicated=training:NoExecute"],
-            "affinity": json.dumps(AFFINITY), "priority_class": "training-high",
-            "volumes": ["pipeline-home:/mnt/pipeline", "datasets:/mnt/datasets"],
-            "env_from_secrets": ["mlflow-credentials", "s3-credentials"], "run_as_user": 1000,
-            "ttl_after_finished_s": 600, "queue_name": "gpu-queue", **kube,
-        },
+        "kubernetes": {**KUBERNETES, **kube},
         **(launch or {}),
     }
     return JobSpec(entry=ENTRY, job_dir=JOB_DIR, launch=launch_config(options), name="ddp-train-1", try_number=1,
