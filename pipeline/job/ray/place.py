@@ -20,6 +20,7 @@ the supervisor's policy (``pipeline.job.supervisor``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -74,7 +75,7 @@ def job_request(attempt: Attempt, *, local: bool) -> dict[str, Any]:
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"  # print() stays print(): once per line, with the rank's prefix
     if local:  # the cluster runs this checkout: its workers import the project from here
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(settings.PROJECT_ROOT)]))
-    job = {"launch": _plain(spec.launch), "run_name": run_name(spec), "storage": str(spec.files.checkpoints / "ray"),
+    job = {"launch": dataclasses.asdict(spec.launch), "run_name": run_name(spec), "storage": str(spec.files.checkpoints / "ray"),
            "job_dir": str(spec.files.root), "no_python": spec.no_python}
     python = spec.launch.ray.python or (sys.executable if local else "python")
     entrypoint = shlex.join([python, "-m", "pipeline.job.ray.entry", "--job", json.dumps(job), "--", *spec.entry])
@@ -145,8 +146,8 @@ class RayPlace:
         self._submitted = time.monotonic()
         self._running = False
         self.submit(attempt, emit)
-        self._logs = threading.Thread(target=_follow_logs, args=(self.client, attempt.id, emit), daemon=True,
-                                      name=f"ray-logs-{attempt.id}")
+        self._logs = threading.Thread(target=asyncio.run, args=(follow_log(self.client, attempt.id, emit),),
+                                      daemon=True, name=f"ray-logs-{attempt.id}")
         self._logs.start()
 
     def poll(self) -> Ended | None:
@@ -212,12 +213,6 @@ def _status_of(info) -> str:
     return str(getattr(info.status, "value", info.status))
 
 
-def _plain(launch) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(launch)
-
-
 def _status(client, sid: str) -> str | None:
     """The job's status, None when there is no job of that id."""
     try:
@@ -241,24 +236,16 @@ def stop_job(client, sid: str, timeout_s: float) -> None:
     log.warning("Ray job %s still not ended %gs after stop_job", sid, timeout_s)
 
 
-def plain_lines(pending: str, chunk: str) -> tuple[list[str], str]:
-    """Complete lines of a log chunk without Ray's terminal colours, and the unfinished rest."""
-    *lines, pending = (pending + chunk).split("\n")
-    return [ANSI_ESCAPE.sub("", line) for line in lines], pending
-
-
-def _follow_logs(client, sid: str, emit: Callable[[str], None]) -> None:
-    """The job's log to its end, line by line."""
-    async def follow() -> None:
-        pending = ""
-        async for chunk in client.tail_job_logs(sid):
-            lines, pending = plain_lines(pending, chunk)
-            for line in lines:
-                emit(line)
-        if pending:
-            emit(ANSI_ESCAPE.sub("", pending))
-
+async def follow_log(client, sid: str, emit: Callable[[str], None]) -> None:
+    """The job's log to its end over the Jobs API's websocket, line by line without Ray's terminal colours.
+    A stream that breaks (the job deleted, the cluster gone) is said in the log: it is not the attempt's end."""
+    pending = ""
     try:
-        asyncio.run(follow())
-    except Exception as exc:  # the job was deleted or the cluster stopped: not the attempt's verdict
+        async for chunk in client.tail_job_logs(sid):
+            *lines, pending = (pending + chunk).split("\n")
+            for line in lines:
+                emit(ANSI_ESCAPE.sub("", line))
+    except Exception as exc:
         emit(f"(the Ray job's log stream ended: {type(exc).__name__}: {exc})")
+    if pending:
+        emit(ANSI_ESCAPE.sub("", pending))

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from pipeline.job.ray.place import STOP_TIMEOUT_S, job_end, plain_lines, stop_job
+from pipeline.job.ray.place import STOP_TIMEOUT_S, follow_log, job_end, stop_job
 from pipeline.job.supervisor import Ended
 
 
@@ -38,7 +38,7 @@ class RayJobWatch:
 
     async def __aenter__(self) -> "RayJobWatch":
         client = await self._jobs_client()
-        self._logs = asyncio.create_task(self._follow(client))
+        self._logs = asyncio.create_task(follow_log(client, self.submission_id, lambda line: self.log.info("%s", line)))
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -57,17 +57,3 @@ class RayJobWatch:
     async def stop(self) -> None:
         client = await self._jobs_client()
         await asyncio.to_thread(stop_job, client, self.submission_id, STOP_TIMEOUT_S)
-
-    async def _follow(self, client) -> None:
-        pending = ""
-        try:
-            async for chunk in client.tail_job_logs(self.submission_id):
-                lines, pending = plain_lines(pending, chunk)
-                for line in lines:
-                    self.log.info("%s", line)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.log.info("(the Ray job's log stream ended: %s: %s)", type(exc).__name__, exc)
-        if pending:
-            self.log.info("%s", pending)
