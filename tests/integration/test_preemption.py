@@ -22,7 +22,7 @@ import pytest
 from pipeline import stages
 from pipeline.job.local.place import run_torchrun
 from pipeline.recipes import tabular_mlp
-from pipeline.train.progress import PREEMPTED_EXIT_CODE, read_heartbeats, read_preemption
+from pipeline.train.progress import PREEMPTED_EXIT_CODE, read_heartbeats
 
 pytestmark = pytest.mark.distributed
 
@@ -52,31 +52,51 @@ def _train(job, out: Path, lines: list[str], **options) -> dict:
     return json.loads((out / "result.json").read_text())
 
 
-def preempt_when_training(progress: Path, seen: dict, min_step: int = MIN_STEP) -> threading.Thread:
-    """Once both ranks' heartbeats show a training step >= ``min_step``: SIGTERM each rank's process group,
-    rank 1 first and rank 0 a moment later (the signal reaches ranks at different moments); then keep the
-    marker before the next attempt's start clears the progress folder. What happened goes into ``seen``."""
+def preempt_when_training(progress: Path, seen: dict, lines: list[str], min_step: int = MIN_STEP) -> threading.Thread:
+    """Once the ranks train at a step >= ``min_step`` (both ranks' heartbeats say so, or rank 0's progress line
+    does: a heartbeat comes at most once a second, a line at once): SIGTERM each rank's process group, rank 1
+    first and rank 0 a moment later (the signal reaches ranks at different moments). The step signalled
+    after goes into ``seen``."""
+
+    def training_step(beats: dict) -> int:
+        steps = [min(b["step"] for b in beats.values()) if all(b["phase"] == "training" for b in beats.values()) else 0]
+        for line in reversed(lines[-20:]):
+            found = re.search(r"\[default0\]:.*\bstep (\d+)/", line)
+            if found:
+                steps.append(int(found.group(1)))
+                break
+        return max(steps)
 
     def watch():
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and "marker" not in seen:
-            if "signalled_after_step" in seen:
-                marker = read_preemption(progress)
-                if marker is not None:
-                    seen["marker"] = marker
-            else:
-                beats = read_heartbeats(progress)
-                if sorted(beats) == [0, 1] and all(b["phase"] == "training" and b["step"] >= min_step
-                                                   for b in beats.values()):
-                    seen["signalled_after_step"] = max(b["step"] for b in beats.values())
-                    for rank in (1, 0):
-                        os.killpg(beats[rank]["pid"], signal.SIGTERM)
-                        time.sleep(0.2)
+        while time.monotonic() < deadline:
+            beats = read_heartbeats(progress)
+            step = training_step(beats) if sorted(beats) == [0, 1] else 0
+            if step >= min_step:
+                seen["signalled_after_step"] = step
+                for rank in (1, 0):
+                    os.killpg(beats[rank]["pid"], signal.SIGTERM)
+                    time.sleep(0.2)
+                return
             time.sleep(0.005)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
+
+
+def preempted_step(lines: list[str], seen: dict) -> int:
+    """The step every rank stopped at: rank 0 announced it once the marker was written, and the launcher,
+    having read the marker, restarted the attempt on it."""
+    output = "\n".join(lines)
+    tail = "\n".join(lines[-60:])
+    assert "signalled_after_step" in seen, f"the ranks were never signalled; last output lines:\n{tail}"
+    announced = re.findall(r"\[default0\]:preempted: every rank stops at step (\d+), its checkpoint saved", output)
+    restarted = re.findall(r"checkpointed at step (\d+); .*restarting every rank", output)
+    assert announced and restarted == announced[:1], (
+        f"signalled after step {seen['signalled_after_step']}: rank 0 announced {announced}, the launcher "
+        f"restarted on {restarted}; last output lines:\n{tail}")
+    return int(announced[0])
 
 
 def rank_exit_codes(lines: list[str]) -> list[int]:
@@ -94,27 +114,24 @@ def test_sigterm_mid_epoch_checkpoints_the_agreed_step_and_the_restart_resumes_f
     out = tmp_path / "out"
     seen: dict = {}
     lines: list[str] = []
-    watcher = preempt_when_training(out / "progress", seen)
+    watcher = preempt_when_training(out / "progress", seen, lines)
     result = _train(job, out, lines, max_restarts=1)
     watcher.join(timeout=5)
     steps_per_epoch = reference["steps"] // 2
-    assert "signalled_after_step" in seen, "the ranks were never signalled"
-    marker = seen.get("marker")
-    assert marker is not None, "no preemption marker was written"
-    print(f"SIGTERM after step {seen['signalled_after_step']}; every rank stopped at step {marker['step']} "
+    stopped = preempted_step(lines, seen)
+    print(f"SIGTERM after step {seen['signalled_after_step']}; every rank stopped at step {stopped} "
           f"of {reference['steps']} ({steps_per_epoch} per epoch)")
 
     # The first attempt: both ranks stopped at one step after the signal, mid-epoch, and exited with the code.
-    assert marker["rank"] == 0
-    assert seen["signalled_after_step"] <= marker["step"] < steps_per_epoch
+    assert seen["signalled_after_step"] <= stopped < steps_per_epoch
     codes = rank_exit_codes(lines)
     assert codes and set(codes) == {PREEMPTED_EXIT_CODE}, f"rank exit codes {codes}"
-    assert f"checkpoint step {marker['step']} (epoch 0)" in "\n".join(lines)  # the preemption's own checkpoint
+    assert f"checkpoint step {stopped} (epoch 0)" in "\n".join(lines)  # the preemption's own checkpoint
 
     # The restart resumed from that step, not from an earlier checkpoint, and ended where an uninterrupted run does.
-    assert result["start_step"] == marker["step"]
-    assert result["resumed_from"].endswith(f"step-{marker['step']:09d}")
-    assert any(f"resumed from step {marker['step']} (epoch 1)" in line for line in lines)
+    assert result["start_step"] == stopped
+    assert result["resumed_from"].endswith(f"step-{stopped:09d}")
+    assert any(f"resumed from step {stopped} (epoch 1)" in line for line in lines)
     assert result["steps"] == reference["steps"]
     assert result["param_digests"] == reference["param_digests"], "the resumed run ended with other parameters"
     assert result["metrics"] == pytest.approx(reference["metrics"])
@@ -194,19 +211,18 @@ def test_a_huggingface_trainer_stops_at_an_agreed_step_on_sigterm_and_resumes_th
     out = tmp_path / "job"
     seen: dict = {}
     lines: list[str] = []
-    watcher = preempt_when_training(out / "progress", seen, min_step=3)
+    watcher = preempt_when_training(out / "progress", seen, lines, min_step=3)
     result = run_torchrun(["-m", "hf_preempt", str(out), str(max_steps)], job_dir=out, nproc_per_node=2,
                           env={"PYTHONPATH": str(tmp_path)}, emit=lines.append, grace_period_s=10, max_restarts=1)
     watcher.join(timeout=5)
-    marker = seen.get("marker")
-    assert marker is not None, f"no preemption marker (signalled: {seen})"
-    print(f"SIGTERM after step {seen['signalled_after_step']}; stopped at step {marker['step']} of {max_steps}")
-    assert seen["signalled_after_step"] <= marker["step"] < max_steps
+    stopped = preempted_step(lines, seen)
+    print(f"SIGTERM after step {seen['signalled_after_step']}; stopped at step {stopped} of {max_steps}")
+    assert seen["signalled_after_step"] <= stopped < max_steps
     assert set(rank_exit_codes(lines)) == {PREEMPTED_EXIT_CODE}
     # The Trainer's checkpoint of the agreed step (save_steps is far off) is what the restart resumed from.
-    checkpoint = out / "checkpoints" / f"checkpoint-{marker['step']}"
+    checkpoint = out / "checkpoints" / f"checkpoint-{stopped}"
     assert result["resumed_from"] == str(checkpoint)
-    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == marker["step"]
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == stopped
     assert result["global_step"] == max_steps
 
 
@@ -218,7 +234,7 @@ def test_a_lightning_trainer_stops_at_an_agreed_step_on_sigterm_and_resumes_ther
 
     data = write_interactions(tmp_path / "interactions.parquet", users=200, items=80, clusters=4, per_user=15)
     cfg = get_recipe("two_tower").config("tiny").with_overrides({
-        "data.input_path": str(data), "train.epochs": 2, "train.batch_size": 32, "train.num_workers": 1,
+        "data.input_path": str(data), "train.epochs": 2, "train.batch_size": 16, "train.num_workers": 1,
         "train.checkpoint_every_steps": FAR_APART, "train.log_every_steps": 1,
     })
     dataset = stages.prepare_data(cfg, stages.RunInfo("preemption-lightning", "prep"))
@@ -226,16 +242,15 @@ def test_a_lightning_trainer_stops_at_an_agreed_step_on_sigterm_and_resumes_ther
     out = tmp_path / "out"
     seen: dict = {}
     lines: list[str] = []
-    watcher = preempt_when_training(out / "progress", seen, min_step=3)
+    watcher = preempt_when_training(out / "progress", seen, lines, min_step=3)
     run_torchrun(["-m", "pipeline.train", "--recipe", "two_tower", "--config", str(tmp_path / "config.json"),
                   "--dataset", dataset.uri, "--out", str(out)],
                  job_dir=out, nproc_per_node=2, emit=lines.append, grace_period_s=10, max_restarts=1)
     watcher.join(timeout=5)
     result = json.loads((out / "result.json").read_text())
-    marker = seen.get("marker")
-    assert marker is not None, f"no preemption marker (signalled: {seen})"
-    print(f"SIGTERM after step {seen['signalled_after_step']}; stopped at step {marker['step']} of {result['steps']}")
-    assert seen["signalled_after_step"] <= marker["step"] < result["steps"] // 2  # mid-epoch, in the first
+    stopped = preempted_step(lines, seen)
+    print(f"SIGTERM after step {seen['signalled_after_step']}; stopped at step {stopped} of {result['steps']}")
+    assert seen["signalled_after_step"] <= stopped < result["steps"] // 2  # mid-epoch, in the first
     assert set(rank_exit_codes(lines)) == {PREEMPTED_EXIT_CODE}
-    assert result["resumed_from_step"] == marker["step"]
-    assert any(f"resumed from step {marker['step']} (epoch 1)" in line for line in lines)
+    assert result["resumed_from_step"] == stopped
+    assert any(f"resumed from step {stopped} (epoch 1)" in line for line in lines)
