@@ -168,6 +168,7 @@ def install() -> Preemption:
         directory = os.environ.get(PROGRESS_DIR_ENV)
         _INSTALLED = Preemption(Path(directory) if directory else None)
         os.register_at_fork(after_in_child=_shield_forked_child)
+        atexit.register(_kill_shielded_children)  # runs before multiprocessing's own exit handler (LIFO)
     _INSTALLED.restart()
     _INSTALLED.take_signal()
     return _INSTALLED
@@ -198,6 +199,19 @@ def _shield_forked_child() -> None:
     # SIGKILL at the end of the grace period. Only fork-started workers inherit this (the default on
     # Linux up to Python 3.13); spawn and forkserver workers do not.
     signal.pthread_sigmask(signal.SIG_BLOCK, {STOP_SIGNAL})
+
+
+def _kill_shielded_children() -> None:
+    # A rank that leaves on an exception (a peer's death seen by gloo, a bug) may still have loader workers:
+    # their iterator was never shut down. multiprocessing's exit handler would SIGTERM them, which they
+    # block, and then wait for them forever: the rank would hang until the stall watchdog, and a failure
+    # the launcher restarts on would end as a stall, which it does not. They get SIGKILL instead.
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(timeout=5)
 
 
 def _process_group():

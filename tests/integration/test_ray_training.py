@@ -26,7 +26,8 @@ from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.supervisor import Job
 from pipeline.recipes import tabular_mlp
 from tests.faults import sigkill_rank, when_checkpoint
-from tests.ray_cluster import NetworkNamespace, WorkerNode, ray_processes, wait_for_nodes
+from tests.netns import NetworkNamespace
+from tests.ray_cluster import WorkerNode, ray_processes, wait_for_nodes
 
 pytestmark = [pytest.mark.distributed, pytest.mark.ray]
 
