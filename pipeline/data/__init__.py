@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.data.streaming_import import defer_zoo
+
+defer_zoo()  # before any module of the pipeline imports streaming: its dataset zoo is not imported
+
 
 def local_path(uri: str) -> Path:
     """The local path behind a ``file:`` URI (``file:///p``, ``file://localhost/p``, ``file:/p``, with

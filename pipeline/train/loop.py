@@ -30,6 +30,7 @@ from pipeline.train.export import saved_model_files
 from pipeline.train.preemption import Preemption, exit_preempted
 from pipeline.train.preemption import install as install_preemption
 from pipeline.train.spec import TrainSpec
+from pipeline.train.timeline import mark, startup_line, timeline
 from pipeline.train.throughput import Throughput, peak_flops
 
 # How long a preempted rank 0 waits for its buffered metrics: a small share of the launcher's grace period
@@ -39,7 +40,9 @@ PREEMPTED_FLUSH_S = 2.0
 
 def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir: Path) -> dict[str, Any]:
     """Train on every rank of this job; rank 0 writes the model files and ``result.json`` into ``out_dir``."""
+    mark("imports_done")
     dist = distributed.setup(cfg.launch.backend)
+    mark("process_group_ready")
     try:
         from pipeline.data.shm import clean_stale_shared_memory
 
@@ -97,6 +100,7 @@ class _Loop:
         self.total_steps = self.steps_per_epoch * tc.epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, LrFactor(tc, self.total_steps))
         self.autocast, self.use_bf16 = autocast(dist.device, tc.precision)
+        mark("model_and_data_ready")
 
     def run(self) -> dict[str, Any]:
         cfg, tc, ctx, dist = self.cfg, self.cfg.train, self.ctx, self.ctx.dist
@@ -153,6 +157,10 @@ class _Loop:
                 self.scheduler.step()
                 step += 1
                 step_in_epoch += 1
+                if step == start_step + 1:
+                    mark("first_step")
+                    if dist.is_main:
+                        print(startup_line(), flush=True)
                 meter.step(samples, tokens=sum(self.spec.tokens(self.cfg, b) for b in micro) if self.spec.tokens else 0)
                 ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1)
                 if step % tc.log_every_steps == 0 or step == self.total_steps:
@@ -186,6 +194,7 @@ class _Loop:
             if epoch < tc.epochs and (stopping or preemption.should_stop(overlap=False)):
                 self._stop_preempted(preemption, step)
         preemption.finish()
+        mark("last_step")
 
         train_wall_s = time.perf_counter() - loop_started
         digests = distributed.gather(dist, distributed.state_digest(self.model))
@@ -208,6 +217,8 @@ class _Loop:
                 ctx.out_dir, self.model, lambda folder: self.spec.export(cfg, self.model, self.data, folder))
             print(f"saved model files {sorted(result['model_files'])} to {ctx.out_dir}; steps {start_step}..{step}, "
                   + ", ".join(f"{k} {v:,.4g}" for k, v in throughput.items()), flush=True)
+            mark("model_saved")
+            result["timeline"] = timeline()
         return ctx.finish(result)
 
     def _save(self, step: int, epoch: int, loader_state: dict[str, Any] | None, metrics: dict[str, float]) -> None:

@@ -1,0 +1,141 @@
+"""Time to first step and orchestration overhead of the tabular demo, beside a bare torchrun baseline.
+
+    .venv/bin/python bench/latency.py [--repeats 2] [--no-dag]
+
+(a) bare: ``torchrun --standalone --nproc-per-node=2`` of a script that imports torch, initialises gloo and
+    takes one AdamW step on a tensor; from the launch to that step.
+(b) the pipeline's ranks: the tabular demo's training job (the ``demo`` variant, its 60,000 rows) under the
+    supervisor, as the train task runs it; from the launch to each phase of rank 0's timeline (process
+    start, imports done, process group ready, model and data ready, first step, last step, model saved).
+(c) the DAG: ``python -m pipeline.dev.demo`` twice in a fresh PIPELINE_HOME (the second reuses the dataset,
+    as a user's second run does); each task's duration from Airflow's metadata DB, and the run's wall time
+    minus the training loop's.
+(a) and (b) alternate; medians are compared. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BARE = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+weights = torch.nn.Parameter(torch.ones(16))
+optimizer = torch.optim.AdamW([weights], lr=0.1)
+dist.all_reduce(grad := torch.ones(16))
+weights.grad = grad
+optimizer.step()
+if dist.get_rank() == 0:
+    print(f"FIRST_STEP {time.time()}", flush=True)
+dist.destroy_process_group()
+"""
+PHASES = ("process_start", "imports_done", "process_group_ready", "model_and_data_ready", "first_step",
+          "last_step", "model_saved")
+
+
+def bare_first_step(script: Path) -> float:
+    launched = time.time()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], check=True, capture_output=True, text=True)
+    stamp = next(line for line in done.stdout.splitlines() if line.startswith("FIRST_STEP "))
+    return float(stamp.split()[1]) - launched
+
+
+def pipeline_phases(cfg, dataset, job_dir: Path) -> dict[str, float]:
+    from pipeline.job.local.place import run_torchrun
+
+    (job_dir / "config.json").parent.mkdir(parents=True, exist_ok=True)
+    (job_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
+    launched = time.time()
+    result = run_torchrun(["-m", "pipeline.train", "--config", str(job_dir / "config.json"), "--dataset", dataset.uri],
+                          job_dir=job_dir, nproc_per_node=2, emit=lambda line: None)
+    phases = {name: at - launched for name, at in result["timeline"].items()}
+    return phases | {"training_s": result["train_wall_s"]}
+
+
+def dag_runs(home: Path) -> list[dict]:
+    """Two demo runs in ``home``: each one's tasks' durations, wall time and training time."""
+    env = {**os.environ, "PIPELINE_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.pop("AIRFLOW_HOME", None)
+    runs = []
+    for _ in range(2):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pipeline.dev.demo"], check=True, capture_output=True,
+                              text=True, env=env, cwd=ROOT)
+        wall = time.perf_counter() - started
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+        with sqlite3.connect(home / "airflow" / "airflow.db") as db:
+            tasks = dict(db.execute(
+                "SELECT task_id, (julianday(end_date) - julianday(start_date)) * 86400 FROM task_instance "
+                "WHERE run_id = ?", (summary["dag_run_id"],)).fetchall())
+        workdir = home / "runs" / "tabular_mlp" / re.sub(r"[^A-Za-z0-9._-]+", "_", summary["dag_run_id"])
+        training = json.loads(next(workdir.glob("train*/result.json")).read_text())["train_wall_s"]
+        runs.append({"wall_s": wall, "tasks": tasks, "training_s": training,
+                     "accuracy": summary["test_metrics"].get("accuracy")})
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-dag", action="store_true", help="only (a) and (b)")
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    os.environ["PIPELINE_HOME"] = str(home / "ranks")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    sys.path.insert(0, str(ROOT))
+    from pipeline import stages
+    from pipeline.recipes import get_recipe
+
+    recipe = get_recipe("tabular_mlp")
+    recipe.demo_input()
+    cfg = recipe.config("demo")
+    dataset = stages.prepare_data(cfg, stages.RunInfo("bench-latency", "prep"))
+    script = home / "bare.py"
+    script.write_text(BARE)
+
+    bare, ranks = [], []
+    for i in range(args.repeats):
+        bare.append(bare_first_step(script))
+        ranks.append(pipeline_phases(cfg, dataset, home / f"job-{i}"))
+        print(f"run {i + 1}: (a) bare launch -> first step {bare[-1]:.2f}s; (b) pipeline launch -> "
+              + ", ".join(f"{name.replace('_', ' ')} {ranks[-1][name]:.2f}s" for name in PHASES), flush=True)
+    a = statistics.median(bare)
+    b = {name: statistics.median(r[name] for r in ranks) for name in (*PHASES, "training_s")}
+    ratio = b["first_step"] / a
+    print(f"\nmedian launch -> first step: (a) bare {a:.2f}s, (b) pipeline {b['first_step']:.2f}s: "
+          f"ratio {ratio:.2f} (target <= 2)")
+    print("(b) phase by phase: " + ", ".join(
+        f"{name.replace('_', ' ')} +{b[name] - (b[prev] if prev else 0):.2f}s"
+        for prev, name in zip((None, *PHASES), PHASES)))
+    figures = {"bare_first_step_s": round(a, 3), "pipeline_first_step_s": round(b["first_step"], 3),
+               "launch_to_first_step_ratio": round(ratio, 3)}
+    if not args.no_dag:
+        runs = dag_runs(home / "dag")
+        for i, run in enumerate(runs):
+            print(f"DAG run {i + 1}: wall {run['wall_s']:.1f}s, training {run['training_s']:.1f}s, tasks: "
+                  + ", ".join(f"{task} {s:.1f}s" for task, s in run["tasks"].items()) + f"; accuracy {run['accuracy']}")
+        second = runs[-1]
+        figures |= {"dag_wall_s": round(second["wall_s"], 3), "dag_overhead_s": round(second["wall_s"] - second["training_s"], 3),
+                    "register_s": round(second["tasks"].get("register_model", 0.0), 3),
+                    "evaluate_s": round(second["tasks"].get("evaluate", 0.0), 3),
+                    "train_task_s": round(second["tasks"].get("train", 0.0), 3)}
+        print(f"second DAG run: wall minus training {figures['dag_overhead_s']:.1f}s (target <= 15), register "
+              f"{figures['register_s']:.1f}s and evaluate {figures['evaluate_s']:.1f}s (targets <= 3)")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
