@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -41,3 +42,25 @@ def airflow_db(pipeline_home: Path) -> Path:
 
     migrate_airflow_db()
     return pipeline_home / "airflow" / "airflow.db"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_streaming_shared_memory():
+    """After each test module, close the shared memory its StreamingDatasets left open. streaming registers
+    every block with ``atexit``, so in this long-lived process none is ever freed, and each new dataset
+    attaches to every live prefix's block to pick its own: about 36 descriptors per data test early in a
+    run, hundreds late, and a whole run reached the 20,000 allowed. (A task runs in a process of its own.)"""
+    import atexit
+    import gc
+
+    yield
+    memory = sys.modules.get("streaming.base.shared.memory")
+    if memory is None:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, memory.SharedMemory):
+            try:
+                obj.cleanup()
+            except (BufferError, OSError):  # still mapped by a live array: left to the exit handler
+                continue
+            atexit.unregister(obj.cleanup)
