@@ -271,9 +271,9 @@ def rank_failure(log_dir: Path) -> str | None:
         else:
             stack = str(message)
         local_rank, attempt = path.parent.name, path.parent.parent.name
-        lines = stack.rstrip().splitlines() or [""]
-        # The exception's own line first: a restart's one-line notice says why.
-        return f"local rank {local_rank} failed ({attempt.replace('_', ' ')}): {lines[-1].strip()}\n{stack.rstrip()}"
+        stack = stack.rstrip()
+        last = stack.rpartition("\n")[2].strip()  # the exception's own line first: a restart's notice says why
+        return f"local rank {local_rank} failed ({attempt.replace('_', ' ')}): {last}\n{stack}"
     return None
 
 

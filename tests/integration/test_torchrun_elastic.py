@@ -78,7 +78,8 @@ def _node(namespace: NetworkNamespace, rank: int, args: list[str], log: Path) ->
     env = {"PET_LOCAL_ADDR": ip, "GLOO_SOCKET_IFNAME": dev,
            "PET_RDZV_CONF": f"last_call_timeout=5,is_host={int(rank == 0)}"}
     command = [*wrap, "env", *[f"{k}={v}" for k, v in env.items()], sys.executable, "-c", NODE, *args, str(rank)]
-    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
 
 
 def _newest_checkpoint(folder: Path) -> int:
