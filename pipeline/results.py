@@ -114,6 +114,7 @@ class RegisteredModel(Result):
     mlflow_experiment_id: str
     mlflow_url: str  # the version's page
     wall_s: float
+    phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (open data, model logging, ...)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +146,7 @@ class Evaluation(Result):
     report: str  # the HTML report's path
     mlflow_url: str  # the report among the run's artifacts
     wall_s: float
+    phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (open data, scoring, report, ...)
 
 
 @dataclass(frozen=True, kw_only=True)

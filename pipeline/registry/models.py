@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
+from pipeline.errors import UserError
 from pipeline.registry.package import ModelPackage
+from pipeline.phases import Phases
 from pipeline.registry.tracking import RUN_KEY_TAG, client
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,11 @@ def _settle(model_name: str, run_key: str, mine: str) -> str:
 
 
 def log_and_register(*, run_id: str, model_name: str, run_key: str, package: ModelPackage,
-                     tags: dict[str, str]) -> tuple[str, bool]:
+                     tags: dict[str, str], phases: Phases | None = None) -> tuple[str, bool]:
     """Log a recipe's ``ModelPackage`` (a models-from-code pyfunc and its artifacts, or another flavor's
-    model) into ``run_id`` and register it once per ``run_key``; returns ``(version, created)``."""
+    model) into ``run_id`` and register it once per ``run_key``; returns ``(version, created)``. ``phases``
+    times "model logging" and "registration"."""
+    phases = phases or Phases()
     existing = find_version(model_name, run_key)
     if existing is not None:
         log.info("model %s version %s already registered for %s: reusing it", model_name, existing.version, run_key)
@@ -58,30 +60,23 @@ def log_and_register(*, run_id: str, model_name: str, run_key: str, package: Mod
     import importlib
 
     import mlflow
-    import mlflow.pyfunc
     import torch
-    from mlflow.models import infer_signature
 
     flavor = importlib.import_module(f"mlflow.{package.flavor}")
-    flavor_args = package.log_args()
-
     requirements = package.pip_requirements or [
         f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "pandas", "numpy"]
-    # MLflow loads a models-from-code file through a process-wide global: one load at a time per process.
-    with _LOADING:
-        # The signature comes from what the model itself returns for the example (loaded as users will).
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / "model"
-            flavor.save_model(path=str(local), **flavor_args, pip_requirements=requirements)
-            output = mlflow.pyfunc.load_model(str(local)).predict(package.input_example)
-        signature = infer_signature(package.input_example, output)
-        with mlflow.start_run(run_id=run_id):
-            info = flavor.log_model(
-                name="model", **flavor_args, signature=signature, input_example=package.input_example,
-                pip_requirements=requirements,
-            )
-    version = mlflow.register_model(info.model_uri, model_name, tags={RUN_KEY_TAG: run_key, **tags})
-    kept = _settle(model_name, run_key, str(version.version))
+    # One save: MLflow infers the signature from what the model itself returns for the example, and checks
+    # the example as a serving request would send it. MLflow only warns when either fails, so a model
+    # without a signature is refused here, before anything is registered.
+    with phases("model logging"), _LOADING, mlflow.start_run(run_id=run_id):  # models-from-code: a process global
+        info = flavor.log_model(name="model", **package.log_args(), input_example=package.input_example,
+                                pip_requirements=requirements)
+    if info.signature is None:
+        raise UserError(f"model {model_name} ({package.flavor}) failed on its input example, so it has no "
+                           f"signature and was not registered: see MLflow's warning above; logged at {info.model_uri}")
+    with phases("registration"):
+        version = mlflow.register_model(info.model_uri, model_name, tags={RUN_KEY_TAG: run_key, **tags})
+        kept = _settle(model_name, run_key, str(version.version))
     log.info("registered %s version %s from %s", model_name, kept, info.model_uri)
     return kept, kept == str(version.version)
 

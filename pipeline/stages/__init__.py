@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeline import settings
 from pipeline.config import PipelineConfig
+from pipeline.phases import Phases
 from pipeline.evaluate.evaluator import Evaluator
 from pipeline.results import (
     Approval, DatasetSummary, Evaluation, Gate, ModelScore, ModelSummary, PreparedData, Promotion, RegisteredModel,
@@ -140,26 +141,33 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tra
     from pipeline.registry import models, tracking
     from pipeline.registry.buffered import mlflow_sender, replay_spill
 
-    started = time.perf_counter()
-    spec = _train_spec(cfg)
-    data = TrainingData.open(list(dataset.uris), run.workdir / "register" / "cache")
+    phases = Phases()
+    with phases("open data"):
+        spec = _train_spec(cfg)
+        data = TrainingData.open(list(dataset.uris), run.workdir / "register" / "cache")
     with tracking.reachable("register the model"):
         if trained.unsent_metrics_path is not None:
-            replayed = replay_spill(Path(trained.unsent_metrics_path),
-                                    mlflow_sender(tracking.client(), trained.mlflow_run_id))
+            with phases("replay metrics"):
+                replayed = replay_spill(Path(trained.unsent_metrics_path),
+                                        mlflow_sender(tracking.client(), trained.mlflow_run_id))
             if replayed:
                 log.info("sent %d metric values that training could not deliver", replayed)
+        with phases("package"):
+            package = spec.package(cfg, trained, data)
         version, created = models.log_and_register(
-            run_id=trained.mlflow_run_id, model_name=cfg.registry.model_name, run_key=run.key,
-            package=spec.package(cfg, trained, data), tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE},
+            run_id=trained.mlflow_run_id, model_name=cfg.registry.model_name, run_key=run.key, package=package,
+            tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE}, phases=phases,
         )
-        models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
+        with phases("alias"):
+            models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
     from pipeline.registry.links import model_version_url
 
+    log.info("register_model %s", phases.line())
     return RegisteredModel(
         model_name=cfg.registry.model_name, version=version, created=created, mlflow_run_id=trained.mlflow_run_id,
         mlflow_experiment_id=trained.mlflow_experiment_id,
-        mlflow_url=model_version_url(cfg.registry.model_name, version), wall_s=round(time.perf_counter() - started, 3),
+        mlflow_url=model_version_url(cfg.registry.model_name, version), wall_s=phases.total(),
+        phases=phases.seconds,
     )
 
 
@@ -174,14 +182,15 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
     from pipeline.registry import models, tracking
     from pipeline.registry.links import run_url
 
-    started = time.perf_counter()
-    spec = _train_spec(cfg)
-    evaluator = spec.evaluator
+    phases = Phases()
+    with phases("open data"):
+        spec = _train_spec(cfg)
+        evaluator = spec.evaluator
+        # The test split of every version the model was trained on (a window's, or the one version's).
+        data = TrainingData.open(list(dataset.uris), run.workdir / "evaluate" / "cache")
+        inputs, labels = spec.evaluation_inputs(cfg, data, "test")
+        classes = data.preprocessing.get("label_classes", [])
     name, run_id, version = cfg.registry.model_name, registered.mlflow_run_id, registered.version
-    # The test split of every version the model was trained on (a window's, or the one version's).
-    data = TrainingData.open(list(dataset.uris), run.workdir / "evaluate" / "cache")
-    inputs, labels = spec.evaluation_inputs(cfg, data, "test")
-    classes = data.preprocessing.get("label_classes", [])
     with tracking.reachable("evaluate the registered models"):
         challenger_version = models.version_by_alias(name, models.CHALLENGER)
         if challenger_version is None or str(challenger_version.version) != version:
@@ -189,14 +198,15 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
         champion_version = models.version_by_alias(name, models.CHAMPION)
         if champion_version is not None and str(champion_version.version) == version:
             champion_version = None  # a re-run of the run that made the champion
-        scored: dict[str, dict[str, Any] | None] = {models.CHALLENGER: _score(
-            evaluator, cfg, name, models.CHALLENGER, version, inputs, labels), models.CHAMPION: None}
-        mismatch = None
-        if champion_version is not None:
-            mismatch = _input_mismatch(name, str(champion_version.version), version)
-            if mismatch is None:
-                scored[models.CHAMPION] = _score(evaluator, cfg, name, models.CHAMPION, str(champion_version.version),
-                                                 inputs, labels)
+        with phases("scoring"):
+            scored: dict[str, dict[str, Any] | None] = {models.CHALLENGER: _score(
+                evaluator, cfg, name, models.CHALLENGER, version, inputs, labels), models.CHAMPION: None}
+            mismatch = None
+            if champion_version is not None:
+                mismatch = _input_mismatch(name, str(champion_version.version), version)
+                if mismatch is None:
+                    scored[models.CHAMPION] = _score(evaluator, cfg, name, models.CHAMPION,
+                                                     str(champion_version.version), inputs, labels)
         challenger, champion = scored[models.CHALLENGER], scored[models.CHAMPION]
         if mismatch:
             decision = not_comparable(mismatch)
@@ -204,20 +214,24 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
             decision = decide(cfg.evaluate, challenger["metrics"], champion["metrics"] if champion else None,
                               evaluator.metrics)
 
-        mlflow_client = tracking.client()
-        runs = {models.CHALLENGER: run_id} | ({models.CHAMPION: champion_version.run_id} if champion else {})
-        history = {role: {key: [(m.step, m.value) for m in mlflow_client.get_metric_history(run, key)]
-                          for key in evaluator.history_keys} for role, run in runs.items()}
-        report = build_report(evaluator, model_name=name, classes=classes, scored=scored, history=history,
-                              decision=decision.to_dict(), logged=mlflow_client.get_run(run_id).data.metrics,
-                              facts=(f"{len(labels)} test rows of dataset version {dataset.version}",))
-        report_dir = run.workdir / "evaluate" / "report"
-        publish(report, report_dir, log_metrics=lambda metrics: tracking.log_metrics_now(run_id, metrics),
-                log_artifact=lambda path: mlflow_client.log_artifact(run_id, str(path), artifact_path="evaluation"))
-        models.tag_version(name, version, decision.tags() | {
-            f"test_{k}": round(v, 6) for k, v in challenger["metrics"].items()
-        } | {"validation.test_rows": len(labels), "validation.dataset_version": dataset.version})
+        with phases("report"):
+            mlflow_client = tracking.client()
+            runs = {models.CHALLENGER: run_id} | ({models.CHAMPION: champion_version.run_id} if champion else {})
+            history = {role: {key: [(m.step, m.value) for m in mlflow_client.get_metric_history(run, key)]
+                              for key in evaluator.history_keys} for role, run in runs.items()}
+            report = build_report(evaluator, model_name=name, classes=classes, scored=scored, history=history,
+                                  decision=decision.to_dict(), logged=mlflow_client.get_run(run_id).data.metrics,
+                                  facts=(f"{len(labels)} test rows of dataset version {dataset.version}",))
+            report_dir = run.workdir / "evaluate" / "report"
+            publish(report, report_dir, log_metrics=lambda metrics: tracking.log_metrics_now(run_id, metrics),
+                    log_artifact=lambda path: mlflow_client.log_artifact(run_id, str(path),
+                                                                          artifact_path="evaluation"))
+        with phases("tags"):
+            models.tag_version(name, version, decision.tags() | {
+                f"test_{k}": round(v, 6) for k, v in challenger["metrics"].items()
+            } | {"validation.test_rows": len(labels), "validation.dataset_version": dataset.version})
     log.info("evaluation of %s on %d test rows (dataset %s):\n%s", name, len(labels), dataset.version, report.text())
+    log.info("evaluate %s", phases.line())
     return Evaluation(
         challenger=ModelScore(version=challenger["version"], metrics=challenger["metrics"]),
         champion=ModelScore(version=champion["version"], metrics=champion["metrics"]) if champion else None,
@@ -226,7 +240,8 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
         test_rows=int(len(labels)),
         report=str(report_dir / "report.html"),
         mlflow_url=run_url(registered.mlflow_experiment_id, run_id) + "/artifacts/evaluation/report.html",
-        wall_s=round(time.perf_counter() - started, 3),
+        wall_s=phases.total(),
+        phases=phases.seconds,
     )
 
 

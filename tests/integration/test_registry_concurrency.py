@@ -88,3 +88,21 @@ def test_concurrent_registrations_with_one_run_key_give_one_version(tracking_uri
     found = sum("already registered" in r.getMessage() for r in caplog.records)
     print(f"{tracking_uri}: {ATTEMPTS} concurrent attempts: {lost + 1} registered a version, {lost} deleted theirs "
           f"after losing the race, {found} found it before registering; 1 version kept")
+
+
+def test_a_model_that_fails_on_its_input_example_is_not_registered(tmp_path, monkeypatch):
+    """MLflow only warns when the model fails on its example; registration refuses it, as a user error."""
+    import dataclasses
+
+    import pandas as pd
+
+    from pipeline.errors import UserError
+    from pipeline.registry import models, tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("PIPELINE_MLFLOW_ARTIFACTS", (tmp_path / "artifacts").as_uri())
+    package = dataclasses.replace(_tiny_package(tmp_path), input_example=pd.DataFrame([{"a": 1.0, "c": "x"}]))
+    run_id = tracking.ensure_run("broken", "broken/run-1", {})
+    with pytest.raises(UserError, match=r"model broken \(pyfunc\) failed on its input example"):
+        models.log_and_register(run_id=run_id, model_name="broken", run_key="broken/run-1", package=package, tags={})
+    assert tracking.client().search_model_versions("name = 'broken'") == []

@@ -38,7 +38,8 @@ from tests.processes import wait_until_gone
 
 pytestmark = pytest.mark.distributed
 
-PLACES = ["local", "kubernetes", "kubernetes-deferred", "ray", "ray-deferred"]
+PLACES = ["local", "kubernetes", "kubernetes-deferred", pytest.param("ray", marks=pytest.mark.ray),
+          pytest.param("ray-deferred", marks=pytest.mark.ray)]
 CONN = "k8s_contract"
 # What every place exports to every rank (pipeline.job.supervisor.Attempt.env).
 RANK_ENV = ("PIPELINE_JOB_DIR", "PIPELINE_CHECKPOINT_DIR", "PIPELINE_RESULT_FILE", "PIPELINE_PROGRESS_DIR",
