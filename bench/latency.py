@@ -6,10 +6,12 @@
     takes one AdamW step on a tensor; from the launch to that step.
 (b) the pipeline's ranks: the tabular demo's training job (the ``demo`` variant, its 60,000 rows) under the
     supervisor, as the train task runs it; from the launch to each phase of rank 0's timeline (process
-    start, imports done, process group ready, model and data ready, first step, last step, model saved).
+    start, imports done, process group ready, run context ready, data opened, model and data ready, first
+    step, last step, model saved).
 (c) the DAG: ``python -m pipeline.dev.demo`` twice in a fresh PIPELINE_HOME (the second reuses the dataset,
-    as a user's second run does); each task's duration from Airflow's metadata DB, and the run's wall time
-    minus the training loop's.
+    as a user's second run does); each task's duration from Airflow's metadata DB, the run's wall time minus
+    the training loop's, the train task's phases from its start (the launch, from its log line; rank 0's
+    timeline; the task's end), and register_model's and evaluate's own phases.
 (a) and (b) alternate; medians are compared. The last line is one JSON object.
 """
 
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,8 +44,8 @@ if dist.get_rank() == 0:
     print(f"FIRST_STEP {time.time()}", flush=True)
 dist.destroy_process_group()
 """
-PHASES = ("process_start", "imports_done", "process_group_ready", "model_and_data_ready", "first_step",
-          "last_step", "model_saved")
+PHASES = ("process_start", "imports_done", "process_group_ready", "run_context_ready", "data_opened",
+          "model_and_data_ready", "first_step", "last_step", "model_saved")
 
 
 def bare_first_step(script: Path) -> float:
@@ -90,8 +93,12 @@ def dag_runs(home: Path) -> list[dict]:
             phases = {task: json.loads(value).get("phases", {}) for task, value in db.execute(
                 "SELECT task_id, value FROM xcom WHERE run_id = ? AND key = 'return_value' AND task_id IN "
                 "('register_model', 'evaluate')", (summary["dag_run_id"],)).fetchall()}
-        # The train task from its start: rank 0's phases (Unix times), then the task's end.
-        train_phases = {name: at - start for name, at in result["timeline"].items()} | {"task_end": end - start}
+        # The train task from its start: the launch (its log line's time), rank 0's phases, the task's end.
+        launch = re.search(r"^(\S+)Z \[info\s*\] launching: ", done.stdout + done.stderr, re.MULTILINE)
+        launched = {"launch": datetime.fromisoformat(launch[1]).replace(tzinfo=timezone.utc).timestamp()
+                    } if launch else {}
+        train_phases = {name: at - start for name, at in (launched | result["timeline"]).items()} | {
+            "task_end": end - start}
         runs.append({"wall_s": wall, "tasks": tasks, "phases": phases, "train_phases": train_phases,
                      "training_s": result["train_wall_s"],
                      "accuracy": summary["test_metrics"].get("accuracy")})

@@ -50,9 +50,11 @@ def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir:
             clean_stale_shared_memory()  # what ranks of a previous (restarted) attempt left behind
         distributed.barrier(dist)
         ctx = RunContext(cfg, dist, Path(out_dir))
+        mark("run_context_ready")  # rank 0's MLflow client: its import and store are on every rank's path
         # One cache per node, shared by its ranks: the job folder may be one volume that every node mounts.
         node = dist.rank // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         data = TrainingData.open(datasets, ctx.out_dir / "cache" / f"node-{node}")
+        mark("data_opened")
         if spec.run is not None:
             started = time.perf_counter()
             outcome = spec.run(cfg, ctx, data)

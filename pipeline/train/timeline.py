@@ -1,7 +1,7 @@
 """When this process reached each phase of a training run, in Unix time: rank 0's result carries it as
-``timeline`` (process start, imports done, process group ready, model and data ready, first step, last step, model
-saved), and the rank logs its start-up in one line. ``bench/latency.py`` sets it beside the launch time.
-Free of torch: it is imported before torch is."""
+``timeline`` (process start, imports done, process group ready, run context ready, data opened, model and data
+ready, first step, last step, model saved), and the rank logs its start-up in one line. ``bench/latency.py``
+sets it beside the launch time. Free of torch: it is imported before torch is."""
 
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path, monkeypatch):
     assert any("samples/s" in line for line in lines)
     # Rank 0's timeline: every phase, in the order reached, and its start-up logged at the first step.
     timeline = result["timeline"]
-    assert list(timeline) == ["process_start", "imports_done", "process_group_ready", "model_and_data_ready",
-                              "first_step", "last_step", "model_saved"]
+    assert list(timeline) == ["process_start", "imports_done", "process_group_ready", "run_context_ready",
+                              "data_opened", "model_and_data_ready", "first_step", "last_step", "model_saved"]
     assert list(timeline.values()) == sorted(timeline.values())
     startup = next(line for line in lines if "start-up " in line)
     assert "[default0]:" in startup and "first step" in startup
