@@ -82,12 +82,9 @@ def dag_runs(home: Path) -> list[dict]:
         workdir = home / "runs" / "tabular_mlp" / re.sub(r"[^A-Za-z0-9._-]+", "_", summary["dag_run_id"])
         result = json.loads(next(workdir.glob("train*/result.json")).read_text())
         with sqlite3.connect(home / "airflow" / "airflow.db") as db:
-            tasks = dict(db.execute(
-                "SELECT task_id, (julianday(end_date) - julianday(start_date)) * 86400 FROM task_instance "
-                "WHERE run_id = ?", (summary["dag_run_id"],)).fetchall())
-            start, end = db.execute(
-                "SELECT (julianday(start_date) - 2440587.5) * 86400, (julianday(end_date) - 2440587.5) * 86400 "
-                "FROM task_instance WHERE run_id = ? AND task_id = 'train'", (summary["dag_run_id"],)).fetchone()
+            spans = {task: (start, end) for task, start, end in db.execute(  # Unix times
+                "SELECT task_id, (julianday(start_date) - 2440587.5) * 86400, (julianday(end_date) - 2440587.5) "
+                "* 86400 FROM task_instance WHERE run_id = ?", (summary["dag_run_id"],)).fetchall()}
             # register_model's and evaluate's own phases (model logging, registration; scoring, report), from
             # their results.
             phases = {task: json.loads(value).get("phases", {}) for task, value in db.execute(
@@ -97,10 +94,11 @@ def dag_runs(home: Path) -> list[dict]:
         launch = re.search(r"^(\S+)Z \[info\s*\] launching: ", done.stdout + done.stderr, re.MULTILINE)
         launched = {"launch": datetime.fromisoformat(launch[1]).replace(tzinfo=timezone.utc).timestamp()
                     } if launch else {}
+        start, end = spans["train"]
         train_phases = {name: at - start for name, at in (launched | result["timeline"]).items()} | {
             "task_end": end - start}
-        runs.append({"wall_s": wall, "tasks": tasks, "phases": phases, "train_phases": train_phases,
-                     "training_s": result["train_wall_s"],
+        runs.append({"wall_s": wall, "tasks": {task: e - s for task, (s, e) in spans.items()}, "phases": phases,
+                     "train_phases": train_phases, "training_s": result["train_wall_s"],
                      "accuracy": summary["test_metrics"].get("accuracy")})
     return runs
 

@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from pipeline.errors import UserError
-from pipeline.registry.package import ModelPackage
 from pipeline.phases import Phases
+from pipeline.registry.package import ModelPackage
 from pipeline.registry.tracking import RUN_KEY_TAG, client
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def log_and_register(*, run_id: str, model_name: str, run_key: str, package: Mod
                                 pip_requirements=requirements)
     if info.signature is None:
         raise UserError(f"model {model_name} ({package.flavor}) failed on its input example, so it has no "
-                           f"signature and was not registered: see MLflow's warning above; logged at {info.model_uri}")
+                        f"signature and was not registered: see MLflow's warning above; logged at {info.model_uri}")
     with phases("registration"):
         version = mlflow.register_model(info.model_uri, model_name, tags={RUN_KEY_TAG: run_key, **tags})
         kept = _settle(model_name, run_key, str(version.version))

@@ -17,8 +17,8 @@ from typing import Any
 
 from pipeline import settings
 from pipeline.config import PipelineConfig
-from pipeline.phases import Phases
 from pipeline.evaluate.evaluator import Evaluator
+from pipeline.phases import Phases
 from pipeline.results import (
     Approval, DatasetSummary, Evaluation, Gate, ModelScore, ModelSummary, PreparedData, Promotion, RegisteredModel,
     TrainedModel, TrainingSummary,
