@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from pipeline.job.local.place import stop_group
-from pipeline.job.ray.cluster import free_ports, ray_command
+from pipeline.job.ray.cluster import ray_command
+from pipeline.network import free_ports
 
 TRAIN_ACTORS = {"RayTrainWorker", "TrainController"}
 _WORKER_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",

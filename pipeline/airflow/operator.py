@@ -29,7 +29,9 @@ def job_dir(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Path
 class TorchrunOperator(BaseOperator):
     """Run ``torchrun`` over a module (``entry=["-m", "pkg.train", ...]``), a script (``["train.py", ...]``)
     or, with ``no_python=True``, an executable that reads the torchrun environment (Lightning, HF
-    Trainer and the CLIs built on them run unchanged).
+    Trainer and the CLIs built on them run unchanged). ``toolchain="axolotl"`` runs the agent and the ranks
+    in that toolchain's own environment (``pipeline.toolchains``; its image on Kubernetes). The entry's
+    arguments may name the job's folders: ``${PIPELINE_JOB_DIR}``, ``${PIPELINE_CHECKPOINT_DIR}``.
 
     Where and how it runs are the ``launch.*`` config fields, as keyword arguments (``nproc_per_node``,
     ``nnodes``, ``max_restarts``, ``stall_timeout_s``, ``timeout_s``, ``grace_period_s``, ``kind``, ...),
@@ -42,7 +44,7 @@ class TorchrunOperator(BaseOperator):
     ui_color = "#f3e5d8"
 
     def __init__(self, *, entry: Sequence[str], no_python: bool = False, env: Mapping[str, str] | None = None,
-                 **kwargs: Any):
+                 toolchain: str | None = None, **kwargs: Any):
         from dataclasses import fields
 
         from pipeline.config import LaunchConfig
@@ -53,17 +55,18 @@ class TorchrunOperator(BaseOperator):
         super().__init__(**kwargs)
         self.entry = list(entry)
         self.no_python = no_python
+        self.toolchain = toolchain
         self.env = dict(env or {})
         self._job = None
 
     def _spec(self, context):
-        from pipeline.job.spec import JobSpec
+        from pipeline.job.spec import JobFiles, JobSpec
 
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
         folder = job_dir(ti.dag_id, ti.run_id, ti.task_id, map_index)
-        return JobSpec(entry=self.entry, job_dir=folder, launch=self.launch, no_python=self.no_python,
-                       env=self.env, name=f"{ti.dag_id}-{ti.task_id}-{ti.try_number}", try_number=ti.try_number,
+        return JobSpec(entry=[JobFiles(folder).expand(arg) for arg in self.entry], job_dir=folder, launch=self.launch, no_python=self.no_python,
+                       toolchain=self.toolchain, env=self.env, name=f"{ti.dag_id}-{ti.task_id}-{ti.try_number}", try_number=ti.try_number,
                        labels={"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
                                "map_index": str(map_index), "try_number": str(ti.try_number)})
 
@@ -76,9 +79,11 @@ class TorchrunOperator(BaseOperator):
 
                 defer_attempt(self, spec, restart=0, started=started)
             from pipeline.job.supervisor import Job
+            from pipeline.registry import tracking_server
 
-            self._job = Job(spec)
-            result = self._job.run(emit=self.log.info)
+            with tracking_server.for_ranks(spec) as spec:
+                self._job = Job(spec)
+                result = self._job.run(emit=self.log.info)
             return self._result(context, spec, result, time.time() - started)
 
     def execute_complete(self, context, event: dict[str, Any], restart: int, started: float) -> Any:

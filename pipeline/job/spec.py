@@ -71,6 +71,12 @@ class JobFiles:
                 "PIPELINE_RESULT_FILE": str(self.result), PROGRESS_DIR_ENV: str(self.progress),
                 ERROR_DIR_ENV: str(self.errors)}
 
+    def expand(self, text: str) -> str:
+        """``text`` with ``${PIPELINE_JOB_DIR}``, ``${PIPELINE_CHECKPOINT_DIR}`` (the variables of ``env``) replaced by
+        their paths: a CLI's arguments name the job's folders without a shell."""
+        paths = self.env()
+        return re.sub(r"\$\{(PIPELINE_[A-Z_]+)\}", lambda m: paths.get(m.group(1), m.group(0)), text)
+
     def read_result(self) -> dict[str, Any] | None:
         return json.loads(self.result.read_text()) if self.result.exists() else None
 
@@ -84,6 +90,7 @@ class JobSpec:
     job_dir: Path
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     no_python: bool = False
+    toolchain: str | None = None  # a third-party toolchain's own environment (pipeline.toolchains) runs the ranks
     env: dict[str, str] = field(default_factory=dict)
     name: str = "job"  # unique per DAG run and try: labels, rendezvous ids
     try_number: int = 1

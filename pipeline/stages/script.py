@@ -61,10 +61,12 @@ def adopt(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tracked: dic
     result = script_result or {}
     # A trainer that writes no result file (a CLI) is expected to save into the job folder's model/.
     model_dir = result.get("model_dir") or (str(Path(result["job_dir"]) / "model") if result.get("job_dir") else None)
+    if model_dir and is_adapter(Path(model_dir)):  # LoRA: the adapters folded into their base, as serving loads it
+        model_dir = str(merge_adapter(Path(model_dir), run.job_dir("adopt") / "model"))
     if not model_dir or not (Path(model_dir) / "config.json").is_file():
         raise ScriptOutputError(f"the training script's result {result!r} names no model folder with a config.json "
-                                f"(expected 'model_dir' in $PIPELINE_RESULT_FILE, written by rank 0 after save_pretrained, "
-                                f"or the model saved in $PIPELINE_JOB_DIR/model)")
+                                f"or a PEFT adapter_config.json (expected 'model_dir' in $PIPELINE_RESULT_FILE, written "
+                                f"by rank 0 after save_pretrained, or the model saved in $PIPELINE_JOB_DIR/model)")
     run_id = tracked["MLFLOW_RUN_ID"]
     metrics = {k: float(v) for k, v in (result.get("metrics") or {}).items()}
     experiment_id = tracking.experiment_id_of(run_id)
@@ -78,3 +80,39 @@ def adopt(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tracked: dic
         wall_s=round(float(result.get("wall_s", 0.0)) + time.perf_counter() - started, 3),
         details={k: v for k, v in result.items() if k not in named},
     )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+
+
+def is_adapter(folder: Path) -> bool:
+    """A PEFT adapter folder (``adapter_config.json``) rather than a whole model (``config.json``)."""
+    return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
+
+
+def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:
+    """The adapter in ``adapter_dir`` merged into its base model (``adapter_config.json``'s
+    ``base_model_name_or_path``, a local folder) and saved in ``out_dir`` with the base's tokenizer files (LoRA
+    does not change the tokenizer; the adapter's copy, when the base has none): one model folder that registration and serving load without PEFT.
+    Written beside ``out_dir`` and renamed into place, so a failed merge leaves no half-written folder."""
+    import json
+    import shutil
+
+    base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not (Path(base) / "config.json").is_file():
+        raise ScriptOutputError(f"{adapter_dir / 'adapter_config.json'}: base_model_name_or_path={base!r} is not a "
+                                f"local model folder with a config.json; expected the model the adapter was trained on")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, local_files_only=True), str(adapter_dir))
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.merge_and_unload().save_pretrained(str(tmp), safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        source = next((d / name for d in (Path(base), adapter_dir) if (d / name).is_file()), None)
+        if source is not None:
+            shutil.copy(source, tmp / name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.replace(out_dir)
+    return out_dir

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from pipeline import settings
 from pipeline.dev.stack import secrets
-from pipeline.dev.stack.rest import RestClient, fail_running_tasks, http_json, http_ok
+from pipeline.dev.stack.rest import RestClient, fail_running_tasks, http_json
+from pipeline.network import http_ok
 
 SERVICES_MODE, EMBEDDED_MODE = "services", "embedded"
 

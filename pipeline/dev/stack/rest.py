@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.request
 
 
@@ -48,14 +47,6 @@ def fail_running_tasks(client: RestClient, wait_s: float) -> int:
             break
         time.sleep(0.5)
     return len(tis)
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as response:
-            return response.status == 200
-    except (OSError, urllib.error.HTTPError):
-        return False
 
 
 def http_json(url: str) -> dict | None:

@@ -45,9 +45,15 @@ def manifests_for(attempt: Attempt) -> Manifests:
     """The Job and Service of one attempt (``pipeline.job.supervisor.Attempt``): the ranks' environment
     every place gives them; names unique per DAG run, task, try and restart."""
     spec, restart = attempt.spec, attempt.restart
-    return build(name=attempt.id, entry=list(spec.entry), launch=spec.launch,
+    entry, no_python, launch = list(spec.entry), spec.no_python, spec.launch
+    if spec.toolchain:  # the toolchain's image: its python runs the agent and the ranks
+        from pipeline import toolchains
+
+        toolchain = toolchains.get(spec.toolchain)
+        entry, no_python, launch = toolchain.rank_entry(entry, no_python), True, toolchain.launch_in_image(launch)
+    return build(name=attempt.id, entry=entry, launch=launch,
                  env=attempt.env(), labels={**spec.labels, "restart": str(restart)},
-                 log_dir=str(attempt.log_dir), job_dir=str(spec.files.root), no_python=spec.no_python)
+                 log_dir=str(attempt.log_dir), job_dir=str(spec.files.root), no_python=no_python)
 
 
 class Cluster:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pipeline import settings
+from pipeline import settings, toolchains
 from pipeline.data.shm import clean_stale_shared_memory
 from pipeline.errors import ConfigError
 from pipeline.job.spec import JobSpec, launch_config
@@ -41,11 +41,13 @@ def torchrun_command(
     rdzv_endpoint: str | None = None,
     rdzv_id: str = "job",
     no_python: bool = False,
+    python: str = sys.executable,
 ) -> list[str]:
     """The torchrun command line; ``--tee 3`` so every line carries its rank prefix.
 
     ``entry`` is ``["-m", "package.module", *args]``, ``["script.py", *args]``, or with
-    ``no_python`` an executable and its arguments (a CLI that reads the torchrun environment).
+    ``no_python`` an executable and its arguments (a CLI that reads the torchrun environment). ``python``
+    runs the agent: this interpreter, or a toolchain's (``pipeline.toolchains``).
     """
     if nnodes == 1 and rdzv_endpoint is None:
         topology = ["--standalone", "--nnodes=1"]
@@ -56,7 +58,7 @@ def torchrun_command(
         topology = [f"--nnodes={elastic}{nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
     return [
-        sys.executable, "-m", "torch.distributed.run", *topology,
+        python, "-m", "torch.distributed.run", *topology,
         f"--nproc-per-node={nproc_per_node}",
         "--tee=3", f"--log-dir={log_dir}", *(["--no-python"] if no_python else []),
         *entry,
@@ -82,6 +84,8 @@ class LocalPlace:
             found = torch.cuda.device_count()
             if found < launch.gpus_per_node:
                 raise ConfigError(f"launch.gpus_per_node={launch.gpus_per_node}: this node has {found} GPU(s)")
+        # A toolchain that is not built fails here, before anything starts, as a user error (not retried).
+        self.toolchain = toolchains.get(spec.toolchain).require() if spec.toolchain else None
         self.spec = spec
         self.proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
@@ -89,14 +93,18 @@ class LocalPlace:
     def start(self, attempt: Attempt, emit: Callable[[str], None]) -> None:
         spec, launch = self.spec, self.spec.launch
         clean_stale_shared_memory()  # logs what it removed, once
+        entry, no_python, python = list(spec.entry), spec.no_python, sys.executable
+        if self.toolchain is not None:  # the toolchain's own agent and ranks: one torch on both sides of the store
+            entry, no_python, python = self.toolchain.rank_entry(entry, no_python), True, str(self.toolchain.python)
         command = torchrun_command(
-            list(spec.entry), nproc_per_node=launch.nproc_per_node, nnodes=launch.nnodes, min_nnodes=launch.min_nnodes,
-            node_rank=launch.node_rank,
-            rdzv_endpoint=launch.rdzv_endpoint or None, no_python=spec.no_python, log_dir=attempt.log_dir,
-            rdzv_id=attempt.name,
+            entry, nproc_per_node=launch.nproc_per_node, nnodes=launch.nnodes, min_nnodes=launch.min_nnodes,
+            node_rank=launch.node_rank, rdzv_endpoint=launch.rdzv_endpoint or None, no_python=no_python,
+            log_dir=attempt.log_dir, rdzv_id=attempt.name, python=python,
         )
         env = {**os.environ, **attempt.env(), "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT), env.get("PYTHONPATH")]))
+        if self.toolchain is not None:
+            env = self.toolchain.rank_env(env, settings.PROJECT_ROOT)
         emit("launching: " + " ".join(command))
         guard = [sys.executable, "-m", "pipeline.job.local.guard", f"--grace-period-s={launch.grace_period_s}",
                  f"--parent-pid={os.getpid()}", "--"]

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.errors import ConfigError, InfraError
+from pipeline.network import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,6 @@ def jobs_client(address: str, token: str | None = None):
                           f"'token') of the Airflow connection launch.ray.connection_id") from None
     except (ConnectionError, RuntimeError) as exc:
         raise InfraError(f"the Ray cluster at {address} did not answer: {exc}") from exc
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free now (held open together while chosen, so none is picked twice)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def ray_command(*args: str) -> list[str]:

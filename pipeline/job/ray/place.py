@@ -91,6 +91,10 @@ class RayPlace:
     restarts_itself = True  # Ray Train replaces failed workers within the attempt
 
     def __init__(self, spec: JobSpec):
+        if spec.toolchain:
+            raise ConfigError(f"toolchain {spec.toolchain!r} with launch.kind=ray: a Ray cluster's workers run the "
+                              f"project's environment, not a toolchain's; use launch.kind=local or kubernetes "
+                              f"(the toolchain's image)")
         self.spec = spec
         self.poll_s = POLL_S
         self.address, self.token = cluster_of(spec)

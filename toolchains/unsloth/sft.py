@@ -1,0 +1,89 @@
+"""LoRA fine-tuning with Unsloth, under torchrun in the unsloth toolchain's environment.
+
+Unsloth patches the model (``FastLanguageModel``), TRL's ``SFTTrainer`` trains it over DDP (gloo on CPUs,
+where Unsloth falls back to stock transformers, PEFT and TRL; nccl and Unsloth's kernels on GPUs). The HF
+Trainer's MLflow callback logs into the DAG's run (``MLFLOW_RUN_ID``); checkpoints go to
+``$PIPELINE_CHECKPOINT_DIR``, and a retry resumes from the newest (``resume_from_checkpoint``). Rank 0 saves
+the LoRA adapter (the DAG's adopt task merges it into the base model) and writes ``$PIPELINE_RESULT_FILE``.
+
+    torchrun --nproc-per-node=2 sft.py --model ./tiny-llama --data train.jsonl --config sft.yaml
+"""
+
+import argparse
+import glob
+import json
+import os
+import time
+
+import unsloth  # noqa: F401  (first: it patches transformers, PEFT and TRL before they are imported)
+import torch
+import yaml
+from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+from unsloth import FastLanguageModel
+
+CONFIG_KEYS = {"max_seq_length", "lora", "sft"}
+
+
+class ConfigMistake(ValueError):
+    """The config file names a key or value the toolchain does not accept (toolchain.json's config_errors)."""
+
+
+def read_config(path):
+    with open(path) as fh:
+        config = yaml.safe_load(fh) or {}
+    unknown = set(config) - CONFIG_KEYS
+    if unknown:
+        raise ConfigMistake(f"{path}: unknown key(s) {sorted(unknown)}; expected {sorted(CONFIG_KEYS)}")
+    return config
+
+
+def sft_config(path, values, checkpoints):
+    try:
+        return SFTConfig(
+            **values, output_dir=checkpoints, save_strategy="steps",
+            report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else [],
+            use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigMistake(f"{path}: sft: {exc}") from exc
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True, help="local model folder (with its tokenizer)")
+    parser.add_argument("--data", required=True, help="JSON Lines with prompt and completion fields")
+    parser.add_argument("--config", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft.yaml"))
+    parser.add_argument("--output", default=os.path.join(os.environ.get("PIPELINE_JOB_DIR", "."), "model"))
+    args = parser.parse_args()
+    started = time.monotonic()
+
+    config = read_config(args.config)
+    checkpoints = os.environ.get("PIPELINE_CHECKPOINT_DIR", os.path.join(args.output, "checkpoints"))
+    training = sft_config(args.config, config.get("sft", {}), checkpoints)
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=args.model, max_seq_length=config.get("max_seq_length", 2048), load_in_4bit=False,
+        dtype=torch.float32 if not torch.cuda.is_available() else None, local_files_only=True)
+    try:
+        model = FastLanguageModel.get_peft_model(model, **config.get("lora", {}), use_gradient_checkpointing=False,
+                                                 random_state=training.seed)
+    except TypeError as exc:
+        raise ConfigMistake(f"{args.config}: lora: {exc}") from exc
+    dataset = load_dataset("json", data_files=args.data, split="train")
+    trainer = SFTTrainer(model=model, args=training, train_dataset=dataset, processing_class=tokenizer)
+    found = sorted(glob.glob(os.path.join(checkpoints, "checkpoint-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
+    outcome = trainer.train(resume_from_checkpoint=found[-1] if found else None)
+
+    trainer.save_model(args.output)  # the adapter; rank 0 writes, the others wait
+    if trainer.is_world_process_zero():
+        result = {"model_dir": os.path.abspath(args.output), "resumed_from": found[-1] if found else None,
+                  "world_size": training.world_size, "steps": outcome.global_step, "toolchain": "unsloth",
+                  "unsloth_version": unsloth.__version__, "metrics": {"train_loss": outcome.training_loss},
+                  "wall_s": round(time.monotonic() - started, 3)}
+        if os.environ.get("PIPELINE_RESULT_FILE"):
+            with open(os.environ["PIPELINE_RESULT_FILE"], "w") as fh:
+                json.dump(result, fh)
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
