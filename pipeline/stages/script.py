@@ -85,9 +85,13 @@ def adopt(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tracked: dic
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
 
+MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
 def is_adapter(folder: Path) -> bool:
-    """A PEFT adapter folder (``adapter_config.json``) rather than a whole model (``config.json``)."""
-    return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
+    """A PEFT adapter folder (``adapter_config.json``, no model weights; Axolotl saves the base's ``config.json``
+    beside it) rather than a whole model."""
+    return (folder / "adapter_config.json").is_file() and not any((folder / name).is_file() for name in MODEL_WEIGHTS)
 
 
 def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:

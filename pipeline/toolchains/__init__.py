@@ -136,9 +136,10 @@ class Toolchain:
         return ["python", *wrapper, *entry]
 
     def rank_env(self, env: dict[str, str], project_root: Path) -> dict[str, str]:
-        """The ranks' environment: the toolchain's ``bin`` first on ``PATH`` (``python`` is its interpreter), and
+        """The ranks' environment: the toolchain's own variables (``toolchain.json``'s ``env``: its telemetry off),
+        the toolchain's ``bin`` first on ``PATH`` (``python`` is its interpreter), and
         only the project's root on ``PYTHONPATH`` (for ``pipeline.toolchains.rank`` and ``pipeline.errors``, which
         import nothing but the standard library): none of the project's packages reach the toolchain."""
         bin_dir = str(self.env_dir / "bin")
-        return {**env, "PATH": os.pathsep.join(filter(None, [bin_dir, env.get("PATH")])), "VIRTUAL_ENV": str(self.env_dir),
-                "PYTHONPATH": str(project_root), "PYTHONNOUSERSITE": "1"}
+        return {**env, **self.spec.get("env", {}), "PATH": os.pathsep.join(filter(None, [bin_dir, env.get("PATH")])),
+                "VIRTUAL_ENV": str(self.env_dir), "PYTHONPATH": str(project_root), "PYTHONNOUSERSITE": "1"}

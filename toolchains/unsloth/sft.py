@@ -29,6 +29,14 @@ class ConfigMistake(ValueError):
     """The config file names a key or value the toolchain does not accept (toolchain.json's config_errors)."""
 
 
+def restore_on_cpu_ranks():
+    """Accelerate names a CPU rank's device ``cpu:N``, and the Trainer loads a checkpoint's optimizer state with
+    that device as ``map_location``, which torch's CPU deserializer does not accept (it takes ``cpu``): so resuming
+    DDP on CPUs fails. Storages tagged ``cpu:N`` are restored on the CPU."""
+    torch.serialization.register_package(
+        11, lambda obj: None, lambda obj, location: obj.cpu() if location.startswith("cpu:") else None)
+
+
 def read_config(path):
     with open(path) as fh:
         config = yaml.safe_load(fh) or {}
@@ -58,6 +66,8 @@ def main():
     started = time.monotonic()
 
     config = read_config(args.config)
+    if not torch.cuda.is_available():
+        restore_on_cpu_ranks()
     checkpoints = os.environ.get("PIPELINE_CHECKPOINT_DIR", os.path.join(args.output, "checkpoints"))
     training = sft_config(args.config, config.get("sft", {}), checkpoints)
     model, tokenizer = FastLanguageModel.from_pretrained(
