@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RECIPE ?= tabular_mlp
 LAUNCH ?= local
 
-.PHONY: demo test airflow venv clean ui stack stack-down stack-env
+.PHONY: demo test airflow venv clean ui stack stack-down stack-env toolchain
 
 venv: $(VENV)/.installed
 
@@ -21,6 +21,12 @@ demo: venv
 test: venv
 	bash tests/system-packages.sh
 	$(PY) -m pytest $(ARGS)
+
+# A third-party toolchain's own environment (toolchains/NAME: unsloth, axolotl, llm_foundry; NAME=all for every
+# one), built once per lock into a cache outside the clone (PIPELINE_TOOLCHAIN_CACHE, default ~/.cache/ddp-pipelines).
+NAME ?= all
+toolchain: venv
+	$(PY) -m pipeline.toolchains build $(NAME)
 
 # The airflow CLI on the embedded settings, e.g. make airflow ARGS="dags list" or ARGS=standalone
 airflow: venv

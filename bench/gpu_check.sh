@@ -3,7 +3,9 @@
 #   1. prepares a synthetic corpus (byte-level BPE trained in-process, packed 2,048-token sequences),
 #   2. trains llm_sft from scratch on a ~650M-parameter Llama-style config (bf16 autocast, sdpa,
 #      torch.compile) on one GPU and prints tokens/s and MFU (target: MFU >= 45%),
-#   3. runs the image and tabular demos once with nccl.
+#   3. runs the image and tabular demos once with nccl,
+#   4. with the unsloth toolchain built (make toolchain NAME=unsloth), one rank of Unsloth LoRA fine-tuning on a
+#      ~50M-parameter Llama-style checkpoint with its GPU kernels, and prints its tokens/s.
 #
 #   bench/gpu_check.sh             # ROWS=600 rows per corpus file (16 files: ~400 steps of 8 x 2,048 tokens);
 #                                  # PREPARE_ONLY=1 stops after the preparation (a check without a GPU)
@@ -83,3 +85,35 @@ for recipe in image_classifier tabular_mlp; do
   $PY -m pipeline.dev.demo --recipe "$recipe" --conf '{"nproc_per_node": 1, "overrides": {"launch.backend": "nccl"}}' \
     2>&1 | tail -1
 done
+
+# 4. Unsloth on this GPU: LoRA on a small Llama-style checkpoint (hidden 512, 8 layers), 30 steps of 8 x 512 tokens.
+UNSLOTH=$($PY -m pipeline.toolchains list unsloth | $PY -c 'import json, sys; r = json.load(sys.stdin); print(r["env"] if r["built"] else "")')
+if [ -z "$UNSLOTH" ]; then
+  echo "unsloth: not built (make toolchain NAME=unsloth); skipped"
+  exit 0
+fi
+$PY - "$OUT" <<'PYEOF'
+import json, sys
+from pathlib import Path
+from pipeline.recipes.llm_sft.demo import write_tiny_checkpoint
+
+out = Path(sys.argv[1])
+write_tiny_checkpoint(out / "tokenizer", out / "unsloth-base", hidden_size=512, num_layers=8)
+lines = (out / "corpus" / "part-00.jsonl").read_text().splitlines()
+(out / "unsloth-train.jsonl").write_text("".join(
+    json.dumps({"prompt": r["prompt"], "completion": r["response"]}) + "\n" for r in map(json.loads, lines)))
+(out / "unsloth.yaml").write_text(
+    "max_seq_length: 512\nlora: {r: 16, lora_alpha: 16, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}\n"
+    "sft: {max_steps: 30, per_device_train_batch_size: 8, learning_rate: 0.0002, max_length: 512, logging_steps: 10, "
+    "save_strategy: 'no', bf16: true}\n")
+PYEOF
+rm -rf "$OUT/unsloth-job"
+PIPELINE_JOB_DIR=$OUT/unsloth-job PIPELINE_CHECKPOINT_DIR=$OUT/unsloth-job/checkpoints HF_HUB_OFFLINE=1 PYTHONPATH=$PWD \
+  "$UNSLOTH/bin/python" -m torch.distributed.run --standalone --nproc-per-node=1 toolchains/unsloth/sft.py \
+  --model "$OUT/unsloth-base" --data "$OUT/unsloth-train.jsonl" --config "$OUT/unsloth.yaml" 2>&1 \
+  | tee "$OUT/unsloth.log" | tail -1 > "$OUT/unsloth-result.json"
+$PY - "$OUT/unsloth-result.json" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"unsloth {r['unsloth_version']}: {r['steps']} LoRA steps on one GPU, {r['tokens_per_s']:,.0f} tokens/s")
+PYEOF

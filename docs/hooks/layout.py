@@ -1,7 +1,7 @@
 """MkDocs hook: the layout page, generated from the tree at build time.
 
 ``<!-- generated: layout -->`` on a page becomes one table per top-level folder (``pipeline/``, ``dags/``,
-``plugins/``, ``examples/``, ``bench/``, ``tests/``): every package, module and script in it, with the
+``plugins/``, ``examples/``, ``toolchains/``, ``bench/``, ``tests/``): every package, module and script in it, with the
 first paragraph of its docstring (or of a script's leading comment), read with ``ast`` and never
 imported. A package or module under the documented folders without a docstring is a warning, which
 ``mkdocs build --strict`` turns into a failure: the page cannot silently lose a module.
@@ -22,7 +22,7 @@ log = logging.getLogger("mkdocs.hooks.layout")
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- generated: layout -->"
 # Folders whose every module must say what it is (a warning otherwise); tests/ is listed as it is.
-DOCUMENTED = ("pipeline", "dags", "plugins", "examples", "bench")
+DOCUMENTED = ("pipeline", "dags", "plugins", "examples", "toolchains", "bench")
 FOLDERS = (*DOCUMENTED, "tests")
 SKIP_DIRS = {"__pycache__"}
 HAND_WRITTEN_ROW = re.compile(r"^\| `([^`]+)` \|", re.M)

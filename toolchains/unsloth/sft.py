@@ -48,10 +48,10 @@ def read_config(path):
 
 def sft_config(path, values, checkpoints):
     try:
-        return SFTConfig(
-            **values, output_dir=checkpoints, save_strategy="steps",
-            report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else [],
-            use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
+        return SFTConfig(**{
+            "save_strategy": "steps", "dataloader_num_workers": 0, "disable_tqdm": True, **values,
+            "output_dir": checkpoints, "report_to": ["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else [],
+            "use_cpu": not torch.cuda.is_available()})
     except (TypeError, ValueError) as exc:
         raise ConfigMistake(f"{path}: sft: {exc}") from exc
 
@@ -85,9 +85,12 @@ def main():
 
     trainer.save_model(args.output)  # the adapter; rank 0 writes, the others wait
     if trainer.is_world_process_zero():
+        tokens = max((entry.get("num_tokens", 0) for entry in trainer.state.log_history), default=0)
+        runtime = outcome.metrics.get("train_runtime") or 0
         result = {"model_dir": os.path.abspath(args.output), "resumed_from": found[-1] if found else None,
                   "world_size": training.world_size, "steps": outcome.global_step, "toolchain": "unsloth",
                   "unsloth_version": unsloth.__version__, "metrics": {"train_loss": outcome.training_loss},
+                  "tokens_per_s": round(tokens / runtime, 1) if tokens and runtime else None,
                   "wall_s": round(time.monotonic() - started, 3)}
         if os.environ.get("PIPELINE_RESULT_FILE"):
             with open(os.environ["PIPELINE_RESULT_FILE"], "w") as fh:
