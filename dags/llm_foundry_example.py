@@ -10,8 +10,8 @@ from pipeline.airflow.script_dag import TRAIN_DATA, script_dag
 dag = script_dag(
     "llm_foundry_example",
     toolchain="llm_foundry",
-    entry=[str(settings.PROJECT_ROOT / "toolchains" / "llm_foundry" / "sft.py"), "--model", "{{ params.pretrained_path }}",
-           "--data", TRAIN_DATA],
+    entry=[str(settings.PROJECT_ROOT / "toolchains" / "llm_foundry" / "sft.py"),
+           "--model", "{{ params.pretrained_path }}", "--data", TRAIN_DATA],
     param_defaults={"model_name": "llm_foundry_example", "overrides": {"data.response_column": "completion"}},
     doc_md=__doc__,
 )

@@ -65,8 +65,9 @@ class TorchrunOperator(BaseOperator):
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
         folder = job_dir(ti.dag_id, ti.run_id, ti.task_id, map_index)
-        return JobSpec(entry=[JobFiles(folder).expand(arg) for arg in self.entry], job_dir=folder, launch=self.launch, no_python=self.no_python,
-                       toolchain=self.toolchain, env=self.env, name=f"{ti.dag_id}-{ti.task_id}-{ti.try_number}", try_number=ti.try_number,
+        return JobSpec(entry=[JobFiles(folder).expand(arg) for arg in self.entry], job_dir=folder, launch=self.launch,
+                       no_python=self.no_python, toolchain=self.toolchain, env=self.env,
+                       name=f"{ti.dag_id}-{ti.task_id}-{ti.try_number}", try_number=ti.try_number,
                        labels={"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
                                "map_index": str(map_index), "try_number": str(ti.try_number)})
 

@@ -28,8 +28,8 @@ TRAIN_DATA = _FROM_OPEN_RUN.format("train_data")
 
 
 def script_dag(dag_id: str, *, entry: Sequence[str], recipe_name: str = "llm_sft", no_python: bool = False,
-               toolchain: str | None = None, nproc_per_node: int = 2, param_defaults: dict[str, Any] | None = None, doc_md: str | None = None,
-               **dag_kwargs: Any):
+               toolchain: str | None = None, nproc_per_node: int = 2, param_defaults: dict[str, Any] | None = None,
+               doc_md: str | None = None, **dag_kwargs: Any):
     """``entry``, ``no_python`` and ``toolchain`` are TorchrunOperator's (``entry`` templated:
     ``{{ params.pretrained_path }}``, ``TRAIN_DATA``); the Params are the recipe's."""
     recipe = get_recipe(recipe_name)
@@ -55,7 +55,8 @@ def script_dag(dag_id: str, *, entry: Sequence[str], recipe_name: str = "llm_sft
         # one slot per rank. Its ranks are fixed here (the operator's launch), so these slots are every run's
         # (pipeline.airflow.admission leaves script DAGs alone).
         train = TorchrunOperator(
-            task_id="train", entry=list(entry), no_python=no_python, toolchain=toolchain, nproc_per_node=nproc_per_node,
+            task_id="train", entry=list(entry), no_python=no_python, toolchain=toolchain,
+            nproc_per_node=nproc_per_node,
             queue=settings.train_queue(), pool=settings.train_pool(),
             pool_slots=settings.train_pool_slots(nproc_per_node),
             env={key: _FROM_OPEN_RUN.format(key) for key in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI")},

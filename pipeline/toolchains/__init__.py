@@ -7,8 +7,9 @@ toolchain never shares the project's interpreter. ``toolchains/<name>/`` holds w
   a module that must import once it is built;
 - ``requirements.in``: its top-level pins; ``requirements.txt``: the lock, every package pinned and hashed
   (``python -m pipeline.toolchains lock NAME`` writes it from PyPI);
-- ``Dockerfile``: the image its Kubernetes pods run;
-- its training config or script.
+- its training config or script;
+
+and ``toolchains/Dockerfile`` builds the image its Kubernetes pods run (``Toolchain.docker_build``).
 
 ``python -m pipeline.toolchains build NAME`` (``make toolchain NAME=...``) builds the environment once into a
 cache outside the clone (``PIPELINE_TOOLCHAIN_CACHE``, default ``~/.cache/ddp-pipelines/toolchains``), in a
@@ -101,9 +102,14 @@ class Toolchain:
 
     @property
     def image(self) -> str:
-        """The image its Kubernetes pods run, tagged with the lock's hash (``docker build -f
-        toolchains/NAME/Dockerfile -t IMAGE .``)."""
+        """The image its Kubernetes pods run, tagged with the lock's hash."""
         return f"ddp-pipelines-{self.name.replace('_', '-')}:{self.key}"
+
+    @property
+    def docker_build(self) -> str:
+        """The command that builds ``image`` from the project's root."""
+        return (f"docker build -f toolchains/Dockerfile --build-arg TOOLCHAIN={self.name} "
+                f"--build-arg PYTHON={self.python_version} -t {self.image} .")
 
     def launch_in_image(self, launch):
         """``launch`` (a ``LaunchConfig``) with the toolchain's image for its pods, unless the task names one."""

@@ -2,7 +2,7 @@
 
     python -m pipeline.toolchains build NAME|all   # make toolchain NAME=...: once per lock, into the cache
     python -m pipeline.toolchains lock NAME        # requirements.in -> requirements.txt, resolved on PyPI
-    python -m pipeline.toolchains list             # each toolchain, its key and whether it is built
+    python -m pipeline.toolchains list [NAME]      # each toolchain: its key, folder, build record, image
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
                 lock(toolchain)
             else:
                 print(json.dumps({"toolchain": name, "key": toolchain.key, "env": str(toolchain.env_dir),
-                                  "built": toolchain.built()}))
+                                  "built": toolchain.built(), "image": toolchain.image,
+                                  "docker_build": toolchain.docker_build}))
     except ConfigError as exc:
         sys.exit(f"{type(exc).__name__}: {exc}")
     except subprocess.CalledProcessError as exc:

@@ -156,15 +156,17 @@ def test_a_toolchains_pods_run_its_image_its_agent_and_the_rank_wrapper():
 
 
 def test_each_toolchain_defines_a_hashed_lock_an_image_and_a_python():
+    dockerfile = (toolchains.TOOLCHAINS_DIR / "Dockerfile").read_text()
+    assert "FROM python:${PYTHON}-slim" in dockerfile and "ARG TOOLCHAIN" in dockerfile
+    assert 'pip install --no-deps --require-hashes -r "toolchains/$TOOLCHAIN/requirements.txt"' in dockerfile
     for name in toolchains.names():
         toolchain = toolchains.get(name)
         pins = [line for line in toolchain.lock.read_text().splitlines() if line and not line.startswith(("#", " "))]
         hashes = [line for line in toolchain.lock.read_text().splitlines() if line.strip().startswith("--hash=sha256:")]
         assert pins and len(pins) == len(hashes) and all("==" in pin for pin in pins), name
         assert toolchain.python_version in ("3.11", "3.12") and toolchain.config_errors
-        dockerfile = (toolchain.folder / "Dockerfile").read_text()
-        assert f"FROM python:{toolchain.python_version}-" in dockerfile
-        assert "--require-hashes" in dockerfile and f"toolchains/{name}/requirements.txt" in dockerfile
+        assert f"--build-arg TOOLCHAIN={name} --build-arg PYTHON={toolchain.python_version} -t {toolchain.image} ." in \
+            toolchain.docker_build
 
 
 def test_entry_arguments_name_the_job_folders():

@@ -15,8 +15,8 @@ import json
 import os
 import time
 
-import unsloth  # noqa: F401  (first: it patches transformers, PEFT and TRL before they are imported)
 import torch
+import unsloth  # noqa: F401  (before datasets, TRL and transformers: it patches them)
 import yaml
 from datasets import load_dataset
 from trl import SFTConfig, SFTTrainer
