@@ -36,6 +36,13 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    """Nothing comes from a hub: the toolchains' ranks run with the Hugging Face hub offline."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("PIPELINE_RETRY_DELAY_S", "1")
+
+
 def _built(name: str) -> toolchains.Toolchain:
     toolchain = toolchains.get(name)
     if toolchain.built() is None:
@@ -84,12 +91,11 @@ def _kill_the_first_attempt_after(runs, pattern: str, killed: dict) -> None:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_toolchain_trains_is_retried_from_its_own_checkpoint_and_its_model_is_registered_and_gated(
-        airflow_db, base_model, monkeypatch, name):
+        airflow_db, base_model, name):
     from pipeline.registry.tracking import client
 
     _built(name)
     dag_id, checkpoint, loss_metric, _, _ = CASES[name]
-    monkeypatch.setenv("PIPELINE_RETRY_DELAY_S", "1")
     killed: dict = {}
     watcher = threading.Thread(target=_kill_the_first_attempt_after,
                                args=(settings.runs_dir() / dag_id, checkpoint, killed), daemon=True)
@@ -122,10 +128,9 @@ def test_a_toolchain_trains_is_retried_from_its_own_checkpoint_and_its_model_is_
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_mistake_in_the_toolchains_config_fails_the_task_at_once_without_a_retry(
-        airflow_db, base_model, tmp_path, monkeypatch, name):
+        airflow_db, base_model, tmp_path, name):
     toolchain = _built(name)
     dag_id, _, _, mistake, named = CASES[name]
-    monkeypatch.setenv("PIPELINE_RETRY_DELAY_S", "1")
     config = tmp_path / "bad.yaml"  # the toolchain's own config with one mistake added
     config.write_text((toolchain.folder / "sft.yaml").read_text() + mistake)
     dag_file = tmp_path / f"{name}_bad_config.py"
