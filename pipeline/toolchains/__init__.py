@@ -62,6 +62,18 @@ def get(name: str) -> "Toolchain":
     return Toolchain(name)
 
 
+def write_result(result: dict) -> None:
+    """In rank 0 of a toolchain's script: its result where the launcher reads it (``$PIPELINE_RESULT_FILE``,
+    written whole or not at all; the task's XCom, ``model_dir`` what ``adopt`` registers), and on stdout."""
+    path = os.environ.get("PIPELINE_RESULT_FILE")
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(result, fh)
+        os.replace(tmp, path)
+    print(json.dumps(result), flush=True)
+
+
 @dataclass(frozen=True)
 class Toolchain:
     name: str

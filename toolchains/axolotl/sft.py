@@ -23,6 +23,8 @@ from axolotl.cli.config import load_cfg
 from axolotl.cli.train import do_train
 from axolotl.utils.dict import DictDefault
 
+from pipeline.toolchains import write_result
+
 
 def newest_checkpoint(folder):
     found = sorted(glob.glob(os.path.join(folder, "checkpoint-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
@@ -72,10 +74,7 @@ def main():
                   "world_size": int(os.environ.get("WORLD_SIZE", "1")), "steps": state["global_step"],
                   "toolchain": "axolotl", "axolotl_version": axolotl.__version__,
                   "metrics": {"train_loss": losses[-1]} if losses else {}, "wall_s": round(time.monotonic() - started, 3)}
-        if os.environ.get("PIPELINE_RESULT_FILE"):
-            with open(os.environ["PIPELINE_RESULT_FILE"], "w") as fh:
-                json.dump(result, fh)
-        print(json.dumps(result))
+        write_result(result)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,14 @@ torchrun does not set; it is the agent's ``GROUP_RANK``. The run's own values go
 the train split's JSON Lines, ``save_folder`` (``$PIPELINE_CHECKPOINT_DIR``; with ``autoresume`` a retry continues
 from the newest checkpoint) and the Hugging Face checkpointer's folder in the job folder. Composer's MLflow logger
 logs into the DAG's run (``MLFLOW_RUN_ID``). A mistake in the config fails LLM Foundry's own validation, which
-raises plain ``ValueError``s: the script reports it as ``ConfigMistake`` (toolchain.json's ``config_errors``). Rank 0 then writes ``$PIPELINE_RESULT_FILE`` naming the adapter folder.
+raises plain ``ValueError``s: the script reports it as ``ConfigMistake`` (toolchain.json's ``config_errors``).
+Rank 0 then writes ``$PIPELINE_RESULT_FILE`` naming the adapter folder.
 
     torchrun --nproc-per-node=2 sft.py --model ./tiny-llama --data train.jsonl --config sft.yaml
 """
 
 import argparse
 import glob
-import json
 import os
 import time
 
@@ -26,6 +26,8 @@ from llmfoundry.command_utils import train  # noqa: E402
 from llmfoundry.utils.config_utils import TRAIN_CONFIG_KEYS, TrainConfig, make_dataclass_and_log_config  # noqa: E402
 from omegaconf import OmegaConf as om  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from pipeline.toolchains import write_result  # noqa: E402
 
 
 class ConfigMistake(ValueError):
@@ -75,10 +77,7 @@ def main():
                   "toolchain": "llm_foundry", "llmfoundry_version": llmfoundry.__version__,
                   "metrics": {"train_loss": float(loss)} if loss is not None and getattr(loss, "numel", lambda: 1)() == 1
                   else {}, "wall_s": round(time.monotonic() - started, 3)}
-        if os.environ.get("PIPELINE_RESULT_FILE"):
-            with open(os.environ["PIPELINE_RESULT_FILE"], "w") as fh:
-                json.dump(result, fh)
-        print(json.dumps(result))
+        write_result(result)
 
 
 if __name__ == "__main__":

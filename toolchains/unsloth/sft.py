@@ -11,7 +11,6 @@ the LoRA adapter (the DAG's adopt task merges it into the base model) and writes
 
 import argparse
 import glob
-import json
 import os
 import time
 
@@ -21,6 +20,8 @@ import yaml
 from datasets import load_dataset
 from trl import SFTConfig, SFTTrainer
 from unsloth import FastLanguageModel
+
+from pipeline.toolchains import write_result
 
 CONFIG_KEYS = {"max_seq_length", "lora", "sft"}
 
@@ -92,10 +93,7 @@ def main():
                   "unsloth_version": unsloth.__version__, "metrics": {"train_loss": outcome.training_loss},
                   "tokens_per_s": round(tokens / runtime, 1) if tokens and runtime else None,
                   "wall_s": round(time.monotonic() - started, 3)}
-        if os.environ.get("PIPELINE_RESULT_FILE"):
-            with open(os.environ["PIPELINE_RESULT_FILE"], "w") as fh:
-                json.dump(result, fh)
-        print(json.dumps(result))
+        write_result(result)
 
 
 if __name__ == "__main__":
