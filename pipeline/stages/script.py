@@ -83,9 +83,8 @@ def adopt(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tracked: dic
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
-
-
-MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
 
 
 def is_adapter(folder: Path) -> bool:
@@ -97,8 +96,9 @@ def is_adapter(folder: Path) -> bool:
 def merge_adapter(adapter_dir: Path, out_dir: Path) -> Path:
     """The adapter in ``adapter_dir`` merged into its base model (``adapter_config.json``'s
     ``base_model_name_or_path``, a local folder) and saved in ``out_dir`` with the base's tokenizer files (LoRA
-    does not change the tokenizer; the adapter's copy, when the base has none): one model folder that registration and serving load without PEFT.
-    Written beside ``out_dir`` and renamed into place, so a failed merge leaves no half-written folder."""
+    does not change the tokenizer; the adapter's copy, when the base has none): one model folder that
+    registration and serving load without PEFT. Written beside ``out_dir`` and renamed into place, so a failed
+    merge leaves no half-written folder."""
     import json
     import shutil
 

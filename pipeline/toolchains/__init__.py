@@ -3,8 +3,8 @@
 Their pins conflict with the project's and with each other's (torch, transformers, MLflow, even Python), so a
 toolchain never shares the project's interpreter. ``toolchains/<name>/`` holds what defines one:
 
-- ``toolchain.json``: its Python version, the exception types that mean a mistake in its configuration, and
-  a module that must import once it is built;
+- ``toolchain.json``: its Python version, the exception types that mean a mistake in its configuration, a
+  module that must import once it is built, and variables its ranks get (``env``);
 - ``requirements.in``: its top-level pins; ``requirements.txt``: the lock, every package pinned and hashed
   (``python -m pipeline.toolchains lock NAME`` writes it from PyPI);
 - its training config or script;

@@ -82,10 +82,11 @@ def build(toolchain: Toolchain) -> dict:
             _run([python, "-m", "venv", str(target)])
             _run([str(toolchain.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
                   "--require-hashes", "--progress-bar=off", "-r", str(toolchain.lock)])
-            _run([str(toolchain.python), "-c", f"import {toolchain.spec['import']}"], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            _run([str(toolchain.python), "-c", f"import {toolchain.spec['import']}"],
+                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
             record = {"toolchain": toolchain.name, "key": toolchain.key, "python": toolchain.python_version,
                       "build_s": round(time.monotonic() - started, 1),
-                      "downloaded_mb": round((_received_bytes() - received) / 2**20, 1),
+                      "received_mb": round((_received_bytes() - received) / 2**20, 1),  # the whole machine's
                       "disk_mb": round(_disk_bytes(target) / 2**20, 1)}
             tmp = target / (BUILT_MARKER + ".tmp")
             tmp.write_text(json.dumps(record))
@@ -93,7 +94,7 @@ def build(toolchain: Toolchain) -> dict:
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
-        print(f"toolchain {toolchain.name}: built in {record['build_s']} s, {record['downloaded_mb']} MB received, "
+        print(f"toolchain {toolchain.name}: built in {record['build_s']} s, {record['received_mb']} MB received, "
               f"{record['disk_mb']} MB on disk", flush=True)
         return record
 
@@ -111,8 +112,8 @@ def lock(toolchain: Toolchain) -> Path:
         _run([f"{tmp}/venv/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--dry-run",
               "--ignore-installed", "--report", str(report), "-r", str(toolchain.folder / "requirements.in")], env=env)
         resolved = json.loads(report.read_text())["install"]
-    lines = [f"# The {toolchain.name} toolchain's environment: Python {toolchain.python_version}, Linux x86_64, every package "
-             f"pinned and hashed.", f"# Written by `python -m pipeline.toolchains lock {toolchain.name}` from "
+    lines = [f"# The {toolchain.name} toolchain's environment: Python {toolchain.python_version}, Linux x86_64, "
+             f"every package pinned and hashed.", f"# Written by `python -m pipeline.toolchains lock {toolchain.name}` from "
              f"requirements.in; do not edit.", ""]
     for item in sorted(resolved, key=lambda i: i["metadata"]["name"].lower()):
         digest = item["download_info"]["archive_info"]["hashes"]["sha256"]
