@@ -98,8 +98,8 @@ class TrainConfig:
     seed: int = config_field(0, "Random seed; rank r seeds with seed + r.", min=0)
     log_every_steps: int = config_field(50, "Steps between progress lines in the log (and step metrics in MLflow).", min=1)
     metrics_flush_timeout_s: float = config_field(
-        120.0, "How long the end of training waits for buffered metrics to reach MLflow before it "
-        "spills them to a file that register_model replays.", min=0.0,
+        120.0, "How long the train task keeps sending rank 0's metrics to MLflow after training; what is "
+        "still unsent then, register_model sends.", min=0.0,
     )
     grad_accum_steps: int = config_field(
         1, "Micro-batches per optimizer step (gradients accumulated; DDP syncs only on the last).", min=1, max=1024,

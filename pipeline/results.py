@@ -97,9 +97,9 @@ class TrainedModel(Result):
     wall_s: float
     samples_per_s: float | None = None
     baseline_metrics: dict[str, float] | None = None  # the untrained model's, when the recipe measures them
-    # Rank 0's spill file of metric values MLflow did not take in time; None: nothing to replay (a script
-    # that logged its own).
-    unsent_metrics_path: str | None = None
+    # The job's metrics file (rank 0's, relayed to MLflow by the train task); register_model sends what is still
+    # unsent. None: a script that logged its own.
+    metrics_path: str | None = None
     details: dict[str, Any] = field(default_factory=dict)  # the rest of rank 0's result: steps, resumed_from, ...
 
 

@@ -38,7 +38,7 @@ def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
     operator.defer(
         trigger=AttemptTrigger(watch=place.watch, handle=place.handle(attempt), timeout_s=spec.launch.timeout_s,
                                stall_timeout_s=spec.launch.stall_timeout_s, progress_dir=str(spec.files.progress),
-                               created_at=time.time()),
+                               created_at=time.time(), metrics=_metrics(spec)),
         method_name="execute_complete", kwargs={"restart": restart, "started": started},
     )
     raise AssertionError("unreachable: defer raises TaskDeferred")
@@ -59,3 +59,11 @@ def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, st
                           str(error).splitlines()[0], restart + 1, restarts)
         start(operator, spec, restart=restart + 1, started=started)
     raise error
+
+
+def _metrics(spec: JobSpec) -> dict[str, str] | None:
+    """What the triggerer needs to relay rank 0's metrics file to the job's MLflow run while it waits."""
+    if not spec.env.get("MLFLOW_RUN_ID"):
+        return None
+    return {"path": str(spec.files.metrics), "run_id": spec.env["MLFLOW_RUN_ID"],
+            "tracking_uri": spec.env.get("MLFLOW_TRACKING_URI", "")}

@@ -67,6 +67,7 @@ class TrainOperator(TorchrunOperator):
         run = task_run(context)
         cfg = get_recipe(self.recipe).config_from_params(dict(context["params"]))
         dataset = from_xcom_as(PreparedData, self.prepared, "train's argument 'prepared'")
+        self.metrics_flush_timeout_s = cfg.train.metrics_flush_timeout_s
         return stages.train_job(cfg, run, dataset)
 
     def _result(self, context, spec, result, wall_s):

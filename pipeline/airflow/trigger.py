@@ -25,17 +25,18 @@ POLL_S = 1.0
 
 class AttemptTrigger(BaseTrigger):
     def __init__(self, *, watch: str, handle: dict[str, Any], timeout_s: float, stall_timeout_s: float,
-                 progress_dir: str, created_at: float, poll_s: float = POLL_S):
+                 progress_dir: str, created_at: float, poll_s: float = POLL_S, metrics: dict[str, str] | None = None):
         super().__init__()
         self.watch, self.handle = watch, handle
         self.timeout_s, self.stall_timeout_s, self.progress_dir = timeout_s, stall_timeout_s, progress_dir
         self.created_at, self.poll_s = created_at, poll_s
+        self.metrics = metrics  # rank 0's metrics file, its MLflow run and tracking URI: relayed while it waits
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "watch": self.watch, "handle": self.handle, "timeout_s": self.timeout_s,
             "stall_timeout_s": self.stall_timeout_s, "progress_dir": self.progress_dir,
-            "created_at": self.created_at, "poll_s": self.poll_s})
+            "created_at": self.created_at, "poll_s": self.poll_s, "metrics": self.metrics})
 
     def _watcher(self):
         module, _, attr = self.watch.partition(":")
@@ -44,6 +45,15 @@ class AttemptTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         watchdog = Watchdog(timeout_s=self.timeout_s, stall_timeout_s=self.stall_timeout_s,
                             progress_dir=Path(self.progress_dir), started=self.created_at)
+        relay = self._relay()
+        try:
+            async for event in self._wait(watchdog):
+                yield event
+        finally:
+            if relay is not None:
+                relay.abandon()  # the task, back on a worker, sends the rest
+
+    async def _wait(self, watchdog: Watchdog) -> AsyncIterator[TriggerEvent]:
         async with self._watcher() as watcher:
             while True:
                 end = await watcher.poll()
@@ -55,6 +65,15 @@ class AttemptTrigger(BaseTrigger):
                     yield TriggerEvent({"status": end.status, "message": end.message})
                     return
                 await asyncio.sleep(self.poll_s)
+
+    def _relay(self):
+        """Rank 0's metrics sent to MLflow from a thread of the triggerer while the job runs."""
+        if not self.metrics:
+            return None
+        from pipeline.registry.relay import MetricsFile, Relay, mlflow_sender
+
+        sender = mlflow_sender(self.metrics["run_id"], self.metrics.get("tracking_uri") or None)
+        return Relay(MetricsFile(Path(self.metrics["path"])), sender, emit=self.log.info)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed or success, or cleared it: stop the attempt here."""

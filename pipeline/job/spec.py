@@ -49,8 +49,8 @@ class JobFiles:
         return self.root / "checkpoints"
 
     @property
-    def unsent_metrics(self) -> Path:  # rank 0's metrics MLflow did not take in time, replayed at registration
-        return self.root / "unsent_metrics.jsonl"
+    def metrics(self) -> Path:  # rank 0's metrics, one JSON line per call; the task sends them to MLflow
+        return self.root / "metrics.jsonl"
 
     @property
     def progress(self) -> Path:  # per-rank heartbeats, read by the stall watchdog

@@ -22,14 +22,14 @@ _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_B
                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
-def client():
-    """An ``MlflowClient`` on the configured tracking URI (SQLite under the project by default)."""
+def client(uri: str | None = None):
+    """An ``MlflowClient`` on ``uri``, by default the configured tracking URI (SQLite under the project)."""
     import mlflow
     from mlflow import MlflowClient
 
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    uri = settings.mlflow_tracking_uri()
+    uri = uri or settings.mlflow_tracking_uri()
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)

@@ -78,10 +78,13 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> TrainedMo
     (rank 0's result file, with the MLflow run's address). The recipe DAGs' train task runs the same two
     halves around a deferral where the place allows it (``pipeline.airflow.tasks.TrainOperator``)."""
     from pipeline.job.supervisor import Job
+    from pipeline.registry.relay import relaying
 
     started = time.perf_counter()
     spec = train_job(cfg, run, dataset)
-    return trained_model(spec, Job(spec).run(log.info), time.perf_counter() - started)
+    with relaying(spec, cfg.train.metrics_flush_timeout_s) as metrics:
+        result = Job(spec).run(log.info)
+    return trained_model(spec, metrics.into(result), time.perf_counter() - started)
 
 
 def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
@@ -106,9 +109,8 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
         job_dir=folder, launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
         try_number=run.try_number, labels={"dag_id": run.dag_id, "run_id": run.run_id, "task_id": "train",
                                            "try_number": str(run.try_number)},
-        # Rank 0 buffers and retries metrics itself: MLflow's own HTTP retries would stall a step.
-        env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri(),
-             "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"},
+        # The run's id tells the task's metrics relay where rank 0's metrics go (pipeline.registry.relay).
+        env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri()},
     )
     spec.files.root.mkdir(parents=True, exist_ok=True)
     spec.files.config.write_text(json.dumps(cfg.to_dict(), indent=2))
@@ -126,9 +128,9 @@ def trained_model(spec, result: dict[str, Any] | None, wall_s: float) -> Trained
     experiment_id = tracking.experiment_id_of(mlflow_run_id)
     # Rank 0's result file: the contract's fields, and the rest (steps, resumed_from, throughput) as details.
     named = ("model_files", "metrics", "world_size", "backend", "dataset_version", "samples_per_s",
-             "baseline_metrics", "unsent_metrics_path")
+             "baseline_metrics")
     return TrainedModel.from_xcom({key: result[key] for key in named if key in result} | {
-        "mlflow_run_id": mlflow_run_id, "mlflow_experiment_id": experiment_id,
+        "mlflow_run_id": mlflow_run_id, "mlflow_experiment_id": experiment_id, "metrics_path": str(spec.files.metrics),
         "mlflow_url": run_url(experiment_id, mlflow_run_id), "wall_s": round(wall_s, 3),
         "details": {k: v for k, v in result.items() if k not in named and k != "mlflow_run_id"},
     })
@@ -138,20 +140,18 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tra
     """Register the trained model (the recipe's self-contained package) once per DAG run and point
     ``challenger`` at it."""
     from pipeline.data.reading import TrainingData
-    from pipeline.registry import models, tracking
-    from pipeline.registry.buffered import mlflow_sender, replay_spill
+    from pipeline.registry import models, relay, tracking
 
     phases = Phases()
     with phases("open data"):
         spec = _train_spec(cfg)
         data = TrainingData.open(list(dataset.uris), run.workdir / "register" / "cache")
     with tracking.reachable("register the model"):
-        if trained.unsent_metrics_path is not None:
-            with phases("replay metrics"):
-                replayed = replay_spill(Path(trained.unsent_metrics_path),
-                                        mlflow_sender(tracking.client(), trained.mlflow_run_id))
-            if replayed:
-                log.info("sent %d metric values that training could not deliver", replayed)
+        if trained.metrics_path is not None:
+            with phases("send metrics"):
+                sent = relay.send_rest(Path(trained.metrics_path), trained.mlflow_run_id)
+            if sent:
+                log.info("sent %d metric values that training could not deliver", sent)
         with phases("package"):
             package = spec.package(cfg, trained, data)
         version, created = models.log_and_register(

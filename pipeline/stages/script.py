@@ -76,7 +76,7 @@ def adopt(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tracked: dic
         model_files={"model_dir": str(model_dir)}, metrics=metrics,
         world_size=int(result.get("world_size", cfg.launch.nnodes * cfg.launch.nproc_per_node)),
         backend=str(result.get("backend", "script")), dataset_version=dataset.version,
-        unsent_metrics_path=None,
+        metrics_path=None,
         wall_s=round(float(result.get("wall_s", 0.0)) + time.perf_counter() - started, 3),
         details={k: v for k, v in result.items() if k not in named},
     )

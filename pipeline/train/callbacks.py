@@ -2,7 +2,8 @@
 
 A recipe's ``TrainSpec.run`` (or any script under the launcher) hands its trainer a callback bound to the
 ``RunContext``: its checkpoints land where the launcher resumes from, its steps feed the stall
-watchdog's heartbeat, and rank 0's logs reach MLflow through the buffered sink.
+watchdog's heartbeat, and rank 0's logs reach MLflow through the metrics sink (the job folder's file the
+task relays).
 
 - Hugging Face: ``Trainer(output_dir=ctx.checkpoint_dir, callbacks=[huggingface_callback(ctx)])``,
   resumed with ``resume_from_checkpoint=last_huggingface_checkpoint(ctx)``.

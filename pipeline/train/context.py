@@ -1,13 +1,13 @@
 """The run context every rank of a training job shares with the pipeline, whoever owns the loop.
 
-Checkpoint folder, heartbeat, metrics sink (rank 0, buffered to MLflow), result file: the generic loop
+Checkpoint folder, heartbeat, metrics sink (rank 0, to the job folder), result file: the generic loop
 uses them directly; framework trainers reach them through callbacks (``pipeline.train.callbacks``).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +18,30 @@ from pipeline.train.checkpoint import CheckpointStore
 from pipeline.train.progress import Heartbeat
 
 
-
 class MetricsSink:
-    """Rank 0's metrics, sent to the MLflow run named by ``MLFLOW_RUN_ID`` without blocking training."""
+    """Rank 0's metrics, appended to the job folder's ``metrics.jsonl`` (one line per call, written whole); the
+    task that supervises the job sends them to its MLflow run (``pipeline.registry.relay``). Ranks never import
+    MLflow: it would cost seconds before the first step, and every rank waits for rank 0 there."""
 
-    def __init__(self, enabled: bool):
-        self.run_id = os.environ.get("MLFLOW_RUN_ID") if enabled else None
-        self._logger = None
-        if self.run_id:
-            from pipeline.registry.buffered import BufferedMetricLogger, mlflow_sender
-            from pipeline.registry.tracking import client
-
-            self._logger = BufferedMetricLogger(mlflow_sender(client(), self.run_id))
+    def __init__(self, path: Path | None):
+        self._file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")
+            if self._file.tell() and not path.read_bytes().endswith(b"\n"):
+                self._file.write("\n")  # a line cut short by a killed attempt stays on its own
 
     def log(self, values: dict[str, float], step: int) -> None:
-        if self._logger:
-            self._logger.log(values, step)
+        if self._file is not None:
+            row = {"step": step, "timestamp": int(time.time() * 1000),
+                   "metrics": {key: float(value) for key, value in values.items()}}
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
 
-    def close(self, timeout_s: float, spill_path: Path) -> int:
-        return self._logger.close(timeout_s, spill_path) if self._logger else 0
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class RunContext:
@@ -50,7 +55,7 @@ class RunContext:
         self.checkpoint_dir = self.files.checkpoints
         self.checkpoints = CheckpointStore(self.checkpoint_dir, keep=cfg.train.keep_checkpoints)
         self.heartbeat = Heartbeat.from_env(dist.rank)
-        self.metrics = MetricsSink(dist.is_main)
+        self.metrics = MetricsSink(self.files.metrics if dist.is_main else None)
 
     @property
     def is_main(self) -> bool:
@@ -62,11 +67,9 @@ class RunContext:
             print(message, flush=True)
 
     def finish(self, result: dict[str, Any]) -> dict[str, Any]:
-        """Rank 0: flush metrics (spilling what cannot be sent) and write ``result.json`` atomically, last."""
-        result = dict(result, mlflow_run_id=self.metrics.run_id, unsent_metrics_path=str(self.files.unsent_metrics))
+        """Rank 0: close the metrics file and write ``result.json`` atomically, last."""
         if self.dist.is_main:
-            result["unsent_metrics"] = self.metrics.close(self.cfg.train.metrics_flush_timeout_s,
-                                                          self.files.unsent_metrics)
+            self.metrics.close()
             # Written last, whole or not at all: the result appears only once everything is saved.
             write_atomically(self.files.result, json.dumps(result, indent=2).encode())
         return result

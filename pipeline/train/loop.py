@@ -33,10 +33,6 @@ from pipeline.train.spec import TrainSpec
 from pipeline.train.timeline import mark, startup_line, timeline
 from pipeline.train.throughput import Throughput, peak_flops
 
-# How long a preempted rank 0 waits for its buffered metrics: a small share of the launcher's grace period
-# (the checkpoint and the marker are already written); what is left is spilled and replayed later.
-PREEMPTED_FLUSH_S = 2.0
-
 
 def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir: Path) -> dict[str, Any]:
     """Train on every rank of this job; rank 0 writes the model files and ``result.json`` into ``out_dir``."""
@@ -50,7 +46,7 @@ def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir:
             clean_stale_shared_memory()  # what ranks of a previous (restarted) attempt left behind
         distributed.barrier(dist)
         ctx = RunContext(cfg, dist, Path(out_dir))
-        mark("run_context_ready")  # rank 0's MLflow client: its import and store are on every rank's path
+        mark("run_context_ready")
         # One cache per node, shared by its ranks: the job folder may be one volume that every node mounts.
         node = dist.rank // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         data = TrainingData.open(datasets, ctx.out_dir / "cache" / f"node-{node}")
@@ -245,7 +241,7 @@ class _Loop:
         ctx.heartbeat.beat(step, total=self.total_steps, phase="preempted", force=True)
         preemption.conclude(rank=ctx.dist.rank, step=step)
         if ctx.is_main:
-            ctx.metrics.close(min(self.cfg.train.metrics_flush_timeout_s, PREEMPTED_FLUSH_S), ctx.files.unsent_metrics)
+            ctx.metrics.close()
         exit_preempted()
 
     def _baseline(self) -> dict[str, float] | None:

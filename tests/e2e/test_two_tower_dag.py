@@ -39,7 +39,7 @@ def test_the_recommender_beats_the_popularity_baseline_end_to_end(airflow_db, pi
     artifacts = {a.path for a in client().list_artifacts(run_id, "evaluation")}
     assert {"evaluation/report.html", "evaluation/metrics.json"} <= artifacts
     history = client().get_metric_history(run_id, "val_loss")
-    assert len(history) == 3  # one per epoch, through the run context's buffered sender
+    assert len(history) == 3  # one per epoch, through the run context's metrics sink
 
     users = pd.DataFrame({"user_id": ["u00001", "u00002", "someone-new"], "user_segment": ["s1", "s2", "s9"],
                           "user_age": [30.0, 41.0, 25.0]})

@@ -1,6 +1,9 @@
 """A real `mlflow server` stopped mid-training and started again: training goes on, no metric is
-lost; register_model fails as retryable while the server is down and succeeds after."""
+lost; register_model fails as retryable while the server is down and succeeds after. The ranks never
+import MLflow (the task relays rank 0's metrics file): a shadow ``mlflow`` package on their path fails
+any import of it."""
 
+import os
 import threading
 import time
 
@@ -21,7 +24,12 @@ def test_training_rides_out_a_tracking_outage_and_register_retries(demo_parquet,
 
     server = MlflowServer(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts")
     server.start()
+    shadow = tmp_path / "shadow" / "mlflow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("a rank imported mlflow: ranks send no metrics")\n')
     try:
+        path = [str(shadow.parent), os.environ.get("PYTHONPATH")]
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
         monkeypatch.delenv("PIPELINE_MLFLOW_ARTIFACTS", raising=False)
         cfg = tabular_mlp.config("tiny").with_overrides({

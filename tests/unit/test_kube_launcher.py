@@ -339,7 +339,7 @@ def test_deferred_failures_are_classified_as_on_a_worker(cluster_for, tmp_path, 
 
 RANK_0_RESULT = {"model_files": {"model": "model.pt"}, "metrics": {"val_loss": 0.5, "val_accuracy": 0.75},
                  "world_size": 2, "backend": "gloo", "dataset_version": "v1", "samples_per_s": 1000.0,
-                 "steps": 10, "unsent_metrics_path": "/nonexistent/unsent_metrics.jsonl"}
+                 "steps": 10}
 
 
 def _recipe_train(tmp_path, monkeypatch, **launch):

@@ -20,7 +20,7 @@ TRAINED = TrainedModel(
     mlflow_run_id="abc", mlflow_experiment_id="1", mlflow_url="http://mlflow/#/experiments/1/runs/abc",
     model_files={"network": "/runs/x/train/network.pt2"}, metrics={"val_loss": 0.4, "val_accuracy": 0.8},
     world_size=2, backend="gloo", dataset_version="v2", wall_s=12.5, samples_per_s=9000.0,
-    baseline_metrics={"test_exact_match": 0.0}, unsent_metrics_path="/runs/x/train/unsent_metrics.jsonl",
+    baseline_metrics={"test_exact_match": 0.0}, metrics_path="/runs/x/train/metrics.jsonl",
     details={"steps": 40, "resumed_from": None, "throughput": {"samples_per_s": 9000.0}},
 )
 REGISTERED = RegisteredModel(model_name="m", version="3", created=True, mlflow_run_id="abc", mlflow_experiment_id="1",
@@ -101,10 +101,10 @@ def test_an_unknown_field_or_a_value_that_is_no_object_is_refused():
 
 def test_optional_fields_take_none_and_their_defaults():
     value = TRAINED.to_xcom()
-    for key in ("samples_per_s", "baseline_metrics", "unsent_metrics_path", "details"):
+    for key in ("samples_per_s", "baseline_metrics", "metrics_path", "details"):
         del value[key]
     trained = TrainedModel.from_xcom(value)
-    assert trained.unsent_metrics_path is None and trained.baseline_metrics is None and trained.details == {}
+    assert trained.metrics_path is None and trained.baseline_metrics is None and trained.details == {}
     assert Evaluation.from_xcom(EVALUATION.to_xcom() | {"champion": None}).champion is None
 
 
@@ -141,7 +141,7 @@ def test_adopt_returns_a_trained_model_with_no_spill_to_replay(tmp_path, monkeyp
                     {"model_dir": str(tmp_path / "model"), "metrics": {"train_loss": 1}, "world_size": 2, "wall_s": 3.0,
                      "epochs": 1})
     assert isinstance(trained, TrainedModel)
-    assert trained.unsent_metrics_path is None  # the script sent its own metrics: register_model replays nothing
+    assert trained.metrics_path is None  # the script sent its own metrics: register_model sends nothing
     assert trained.model_files == {"model_dir": str(tmp_path / "model")}
     assert trained.metrics == {"train_loss": 1.0} and trained.world_size == 2 and trained.dataset_version == "v2"
     assert trained.mlflow_experiment_id == "7" and trained.details == {"epochs": 1}
