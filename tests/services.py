@@ -78,7 +78,9 @@ class MlflowServer:
                "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
                "--workers", str(self.workers)]
         log = open(self.log_path, "a")
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # MLflow's own code only
+        # MLflow's own code only; no server-side jobs (eight worker processes and a /dev/shm folder left behind).
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

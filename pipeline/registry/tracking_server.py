@@ -45,9 +45,12 @@ def served(uri: str, log_file: Path) -> Iterator[str]:
                "--workers", "1"]
     log_file.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    # Without MLflow's server-side jobs (GenAI evaluation, trace roll-ups), which the pipeline never submits:
+    # their eight worker processes, about 3 s of start-up, and a folder in /dev/shm that outlives the server.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(log_file, "ab") as output:
         server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
+                                  start_new_session=True, env=env)
     try:
         while not http_ok(f"{url}/health"):
             if server.poll() is not None or time.monotonic() - started > START_TIMEOUT_S:

@@ -116,6 +116,9 @@ class LocalStack:
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "PIPELINE_MLFLOW_UI_URL": self.mlflow_url,
+            # MLflow's server-side jobs (GenAI evaluation, trace roll-ups) are never submitted here: without them
+            # the server has no eight worker processes beside it, nor a folder left in /dev/shm after it stops.
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         })
         if self.mode == SERVICES_MODE:
             airflow_db = self.database_url("airflow")
