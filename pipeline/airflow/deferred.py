@@ -45,14 +45,18 @@ def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
 
 
 def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, started: float) -> dict | None:
-    """Back from the triggerer: tear down, then the result, or a replacement attempt, or the error."""
+    """Back from the triggerer: tear down, send the metrics the triggerer did not, then the result, or a
+    replacement attempt, or the error."""
+    from pipeline.registry.relay import flushed
+
     attempt = Attempt(spec, restart)
     place = deferrable_place(spec)
     place.teardown(attempt, spec.launch.grace_period_s)
     operator.log.info("attempt %d of %s torn down", restart + 1, spec.name)
+    metrics = flushed(spec, operator.metrics_flush_timeout_s, operator.log.info)
     error = outcome(Ended(str(event.get("status")), str(event.get("message", ""))), attempt)
     if error is None:
-        return spec.files.read_result()
+        return metrics.into(spec.files.read_result())
     restarts = max_restarts(place, spec.launch)
     if getattr(error, "restartable", False) and restart < restarts:
         operator.log.info("%s; restarting every rank (%d of %d); training resumes from its last checkpoint",

@@ -17,6 +17,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S
+
 
 def job_dir(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Path:
     """The folder of one task's training job, inside the DAG run's working folder: the same on
@@ -42,8 +44,8 @@ class TorchrunOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("entry", "env")
     ui_color = "#f3e5d8"
-    # How long the task keeps sending rank 0's metrics file after the job (pipeline.registry.relay).
-    metrics_flush_timeout_s = 120.0
+    # How long the task keeps sending rank 0's metrics file to MLflow after the job (pipeline.registry.relay).
+    metrics_flush_timeout_s = METRICS_FLUSH_TIMEOUT_S
 
     def __init__(self, *, entry: Sequence[str], no_python: bool = False, env: Mapping[str, str] | None = None,
                  toolchain: str | None = None, **kwargs: Any):
@@ -83,24 +85,21 @@ class TorchrunOperator(BaseOperator):
                 defer_attempt(self, spec, restart=0, started=started)
             from pipeline.job.supervisor import Job
             from pipeline.registry import tracking_server
-            from pipeline.registry.relay import relaying
 
-            with tracking_server.for_ranks(spec) as spec, relaying(spec, self.metrics_flush_timeout_s) as metrics:
-                self._job = Job(spec)
+            with tracking_server.for_ranks(spec) as spec:
+                self._job = Job(spec, metrics_flush_timeout_s=self.metrics_flush_timeout_s)
                 result = self._job.run(emit=self.log.info)
-            return self._result(context, spec, metrics.into(result), time.time() - started)
+            return self._result(context, spec, result, time.time() - started)
 
     def execute_complete(self, context, event: dict[str, Any], restart: int, started: float) -> Any:
         """Back from the triggerer (``launch.<kind>.deferrable``): tear the attempt down, then rank 0's
         result, a user error without retries, a replacement attempt within ``max_restarts``, or the failure."""
         from pipeline.airflow.deferred import complete as complete_attempt
-        from pipeline.registry.relay import relaying
 
         with user_errors_fail():
             spec = self._spec(context)
-            with relaying(spec, self.metrics_flush_timeout_s) as metrics:  # what the triggerer did not send
-                result = complete_attempt(self, spec, event, restart=restart, started=started)
-            return self._result(context, spec, metrics.into(result), time.time() - started)
+            result = complete_attempt(self, spec, event, restart=restart, started=started)
+            return self._result(context, spec, result, time.time() - started)
 
     def _result(self, context, spec, result: Any, wall_s: float) -> Any:
         """The task's XCom: rank 0's result with the job's folder and wall time."""

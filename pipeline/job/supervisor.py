@@ -13,6 +13,9 @@ A place only starts, polls and stops one attempt (``Place``); what every place g
   stop from outside are not restarted: the task retry decides;
 - live logs: every line the place emits reaches the task log as it comes, and an error ends with the
   last of them;
+- live metrics: rank 0's metrics file in the job folder goes to the job's MLflow run (``MLFLOW_RUN_ID``) while
+  the job runs, and for up to ``metrics_flush_timeout_s`` after it (``pipeline.registry.relay``): ranks never
+  import MLflow;
 - teardown: whatever ends an attempt (its end, a timeout, a stall, ``stop()`` from any thread, SIGTERM
   or SIGINT of the task process), the place's ``stop`` has run before the attempt returns.
 
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 Emit = Callable[[str], None]
 TAIL_LINES = 60
 POLL_S = 0.5
+METRICS_FLUSH_TIMEOUT_S = 120.0
 STOPPED = "the training job was stopped (the task was killed, cleared or timed out)"
 
 
@@ -174,29 +178,38 @@ class Supervisor:
     """Runs a job on a place under the policy above. ``run()`` blocks and returns rank 0's result;
     ``stop()`` may come from any thread (``on_kill``, a signal)."""
 
-    def __init__(self, spec: JobSpec, place: Place, *, poll_s: float | None = None):
+    def __init__(self, spec: JobSpec, place: Place, *, poll_s: float | None = None,
+                 metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S):
         self.spec, self.place = spec, place
         self.poll_s = poll_s or getattr(place, "poll_s", POLL_S)
+        self.metrics_flush_timeout_s = metrics_flush_timeout_s
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
 
     def run(self, emit: Emit | None = None) -> dict[str, Any] | None:
+        """Rank 0's result, with ``unsent_metrics`` where the job has an MLflow run to relay its metrics to."""
+        from pipeline.registry.relay import relaying
+
         emit = self._logger(emit or log.info)
-        launch = self.spec.launch
         previous = _forward_termination(self.stop)
-        restarts = max_restarts(self.place, launch)
         try:
-            for restart in range(restarts + 1):
-                error = self._attempt(Attempt(self.spec, restart), emit)
-                if error is None:
-                    return self.spec.files.read_result()
-                if not getattr(error, "restartable", False) or restart == restarts or self._stopped.is_set():
-                    raise error
-                emit(f"{str(error).splitlines()[0]}; restarting every rank ({restart + 1} of {restarts}); "
-                     f"training resumes from its last checkpoint")
+            with relaying(self.spec, self.metrics_flush_timeout_s, emit) as metrics:
+                result = self._attempts(emit)
+            return metrics.into(result)
         finally:
             _restore(previous)
+
+    def _attempts(self, emit: Emit) -> dict[str, Any] | None:
+        restarts = max_restarts(self.place, self.spec.launch)
+        for restart in range(restarts + 1):
+            error = self._attempt(Attempt(self.spec, restart), emit)
+            if error is None:
+                return self.spec.files.read_result()
+            if not getattr(error, "restartable", False) or restart == restarts or self._stopped.is_set():
+                raise error
+            emit(f"{str(error).splitlines()[0]}; restarting every rank ({restart + 1} of {restarts}); "
+                 f"training resumes from its last checkpoint")
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def stop(self) -> None:
@@ -323,9 +336,9 @@ class Job:
     """A job spec bound to its place and supervisor: ``run()`` blocks and returns rank 0's result;
     ``stop()`` from anywhere."""
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: JobSpec, *, metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S):
         self.spec = spec
-        self.supervisor = Supervisor(spec, place_for(spec))
+        self.supervisor = Supervisor(spec, place_for(spec), metrics_flush_timeout_s=metrics_flush_timeout_s)
 
     def run(self, emit: Emit | None = None) -> dict[str, Any] | None:
         return self.supervisor.run(emit)

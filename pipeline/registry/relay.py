@@ -187,20 +187,28 @@ class Relayed:
 
 
 @contextlib.contextmanager
-def relaying(spec, flush_timeout_s: float) -> Iterator[Relayed]:
+def relaying(spec, flush_timeout_s: float, emit: Callable[[str], None] = log.info) -> Iterator[Relayed]:
     """While the block runs ``spec``'s job (a ``JobSpec``), send its metrics file to the MLflow run its ranks were
-    given (``MLFLOW_RUN_ID``); at the end, keep sending for up to ``flush_timeout_s``. A job without a run
-    (a user's script that logs its own metrics) relays nothing."""
+    given (``MLFLOW_RUN_ID``, on their ``MLFLOW_TRACKING_URI``); at the end, keep sending for up to
+    ``flush_timeout_s``. A job without a run relays nothing; a script that logs its own metrics writes no file."""
     relayed = Relayed()
     run_id = spec.env.get("MLFLOW_RUN_ID")
     if not run_id:
         yield relayed
         return
-    relay = Relay(MetricsFile(spec.files.metrics), mlflow_sender(run_id))
+    sender = mlflow_sender(run_id, spec.env.get("MLFLOW_TRACKING_URI") or None)
+    relay = Relay(MetricsFile(spec.files.metrics), sender, emit=emit)
     try:
         yield relayed
     finally:
         relayed.unsent = relay.close(flush_timeout_s)
+
+
+def flushed(spec, flush_timeout_s: float, emit: Callable[[str], None] = log.info) -> Relayed:
+    """``relaying`` around nothing: a job that has ended (a deferred task back on a worker) sends what is left."""
+    with relaying(spec, flush_timeout_s, emit) as relayed:
+        pass
+    return relayed
 
 
 def send_rest(path: Path, run_id: str) -> int:

@@ -78,13 +78,11 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> TrainedMo
     (rank 0's result file, with the MLflow run's address). The recipe DAGs' train task runs the same two
     halves around a deferral where the place allows it (``pipeline.airflow.tasks.TrainOperator``)."""
     from pipeline.job.supervisor import Job
-    from pipeline.registry.relay import relaying
 
     started = time.perf_counter()
     spec = train_job(cfg, run, dataset)
-    with relaying(spec, cfg.train.metrics_flush_timeout_s) as metrics:
-        result = Job(spec).run(log.info)
-    return trained_model(spec, metrics.into(result), time.perf_counter() - started)
+    result = Job(spec, metrics_flush_timeout_s=cfg.train.metrics_flush_timeout_s).run(log.info)
+    return trained_model(spec, result, time.perf_counter() - started)
 
 
 def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
