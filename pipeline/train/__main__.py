@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -66,4 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()  # a failure raises: the interpreter's own exit prints it
+    from pipeline.process_exit import exit_now
+
+    exit_now(code)

@@ -43,7 +43,8 @@ def torchrun_command(
     no_python: bool = False,
     python: str = sys.executable,
 ) -> list[str]:
-    """The torchrun command line; ``--tee 3`` so every line carries its rank prefix.
+    """The torchrun command line (torch's, ended without the interpreter's teardown:
+    ``pipeline.job.local.torchrun``); ``--tee 3`` so every line carries its rank prefix.
 
     ``entry`` is ``["-m", "package.module", *args]``, ``["script.py", *args]``, or with
     ``no_python`` an executable and its arguments (a CLI that reads the torchrun environment). ``python``
@@ -58,7 +59,7 @@ def torchrun_command(
         topology = [f"--nnodes={elastic}{nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
     return [
-        python, "-m", "torch.distributed.run", *topology,
+        python, "-m", "pipeline.job.local.torchrun", *topology,
         f"--nproc-per-node={nproc_per_node}",
         "--tee=3", f"--log-dir={log_dir}", *(["--no-python"] if no_python else []),
         *entry,

@@ -1,0 +1,24 @@
+"""``python -m pipeline.job.local.torchrun ARGS``: ``torchrun ARGS``, ended by ``pipeline.process_exit.exit_now``.
+
+The agent imports torch, and its interpreter's teardown took about 1 s after its ranks had finished. Standard
+library only before torch's own module runs: a toolchain's Python (``pipeline.toolchains``) runs it too, with
+the project root on its path.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+from pipeline.process_exit import exit_now
+
+if __name__ == "__main__":
+    sys.argv[0] = "torchrun"
+    try:
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    exit_now(code)
