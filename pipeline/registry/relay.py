@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 READ_BYTES = 4 << 20  # at most this much of the file per batch read
 INTERVAL_S = 2.0
+FAILED_FLUSH_S = 10.0  # after a job that failed: its retry should not wait long for a tracking server that is away
 
 Send = Callable[[list[tuple[str, float, int, int]]], None]
 
@@ -200,8 +201,10 @@ def relaying(spec, flush_timeout_s: float, emit: Callable[[str], None] = log.inf
     relay = Relay(MetricsFile(spec.files.metrics), sender, emit=emit)
     try:
         yield relayed
-    finally:
-        relayed.unsent = relay.close(flush_timeout_s)
+    except BaseException:
+        relayed.unsent = relay.close(min(flush_timeout_s, FAILED_FLUSH_S))
+        raise
+    relayed.unsent = relay.close(flush_timeout_s)
 
 
 def flushed(spec, flush_timeout_s: float, emit: Callable[[str], None] = log.info) -> Relayed:

@@ -7,6 +7,7 @@ uses them directly; framework trainers reach them through callbacks (``pipeline.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ class MetricsSink:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")
-            if self._file.tell() and not path.read_bytes().endswith(b"\n"):
+            if self._file.tell() and _last_byte(path) != b"\n":
                 self._file.write("\n")  # a line cut short by a killed attempt stays on its own
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -42,6 +43,12 @@ class MetricsSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1)
 
 
 class RunContext:
