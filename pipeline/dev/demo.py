@@ -153,6 +153,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.process_exit import exit_now
+    from pipeline.process_exit import exit_main
 
-    exit_now(main())  # without tearing down Airflow's, MLflow's and torch's modules: seconds, for nothing
+    exit_main("pipeline.dev.demo", main())  # without tearing down Airflow's, MLflow's and torch's modules

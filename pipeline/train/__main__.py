@@ -66,6 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()  # a failure raises: the interpreter's own exit prints it
-    from pipeline.process_exit import exit_now
+    from pipeline.process_exit import exit_main
 
-    exit_now(code)
+    exit_main("pipeline.train", code)

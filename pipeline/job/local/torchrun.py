@@ -10,7 +10,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-from pipeline.process_exit import exit_now
+from pipeline.process_exit import exit_main
 
 if __name__ == "__main__":
     sys.argv[0] = "torchrun"
@@ -21,4 +21,4 @@ if __name__ == "__main__":
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
-    exit_now(code)
+    exit_main("pipeline.job.local.torchrun", code)
