@@ -1,6 +1,6 @@
 """Time to first step and orchestration overhead of the tabular demo, beside a bare torchrun baseline.
 
-    .venv/bin/python bench/latency.py [--repeats 2] [--no-dag]
+    .venv/bin/python bench/latency.py [--repeats 2] [--no-dag] [--keep]
 
 (a) bare: ``torchrun --standalone --nproc-per-node=2`` of a script that imports torch, initialises gloo and
     takes one AdamW step on a tensor; from the launch to that step.
@@ -13,7 +13,8 @@
     the training loop's, the process's time outside its tasks (before the first, between them, after the
     last), the train task's phases from its start (the launch, from its log line; rank 0's timeline; the
     task's end), and register_model's and evaluate's own phases.
-(a) and (b) alternate; medians are compared. The last line is one JSON object.
+(a) and (b) alternate; medians are compared. The last line is one JSON object. Everything is written under one
+temporary folder, removed at the end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -119,8 +121,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-dag", action="store_true", help="only (a) and (b)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (data, job folders, the "
+                        "DAG runs' Airflow and MLflow stores) and print its path")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    try:
+        measure(args, home)
+    finally:
+        if args.keep:
+            print(f"kept {home}", file=sys.stderr)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, home: Path) -> None:
     os.environ["PIPELINE_HOME"] = str(home / "ranks")
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     sys.path.insert(0, str(ROOT))
