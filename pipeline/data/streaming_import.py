@@ -52,14 +52,16 @@ class _ClassOnceImported(type):
     something has imported that module."""
 
     def __instancecheck__(cls, obj) -> bool:
-        module = sys.modules.get(cls.real_module)
-        real = getattr(module, cls.__name__, None)
-        return isinstance(real, type) and isinstance(obj, real)
+        real = cls.real()
+        return real is not None and isinstance(obj, real)
 
     def __subclasscheck__(cls, sub) -> bool:
-        module = sys.modules.get(cls.real_module)
-        real = getattr(module, cls.__name__, None)
-        return isinstance(real, type) and issubclass(sub, real)
+        real = cls.real()
+        return real is not None and issubclass(sub, real)
+
+    def real(cls) -> type | None:
+        found = getattr(sys.modules.get(cls.real_module), cls.__name__, None)
+        return found if isinstance(found, type) else None
 
 
 def stand_in(module: str, name: str) -> type:
