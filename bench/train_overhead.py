@@ -5,7 +5,8 @@
 (a) `bench/minimal_ddp.py` under plain torchrun: model, optimizer, loader, steps, a validation pass.
 (b) `pipeline.stages.train`: the supervised launcher (guard, heartbeats, stall watchdog) and the
     training entrypoint with checkpoints every --checkpoint-every steps and at each epoch end, and
-    step metrics sent to MLflow (a local SQLite store) from rank 0.
+    step metrics written by rank 0 to the job folder and relayed to MLflow (a local SQLite store) by the
+    supervising process.
 Runs alternate a, b, a, b, ... and the medians are compared: the ratio is (b)/(a).
 """
 
