@@ -16,7 +16,15 @@ from typing import Any, NoReturn
 
 from pipeline.errors import ConfigError
 from pipeline.job.spec import JobSpec
-from pipeline.job.supervisor import Attempt, Ended, begin_attempt, max_restarts, outcome, place_for
+from pipeline.job.supervisor import (
+    METRICS_FLUSH_TIMEOUT_S,
+    Attempt,
+    Ended,
+    begin_attempt,
+    max_restarts,
+    outcome,
+    place_for,
+)
 
 
 def deferrable_place(spec: JobSpec):
@@ -44,16 +52,17 @@ def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
     raise AssertionError("unreachable: defer raises TaskDeferred")
 
 
-def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, started: float) -> dict | None:
-    """Back from the triggerer: tear down, send the metrics the triggerer did not, then the result, or a
-    replacement attempt, or the error."""
+def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, started: float,
+             metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S) -> dict | None:
+    """Back from the triggerer: tear down, send the metrics the triggerer did not (for up to
+    ``metrics_flush_timeout_s``), then the result, or a replacement attempt, or the error."""
     from pipeline.registry.relay import flushed
 
     attempt = Attempt(spec, restart)
     place = deferrable_place(spec)
     place.teardown(attempt, spec.launch.grace_period_s)
     operator.log.info("attempt %d of %s torn down", restart + 1, spec.name)
-    metrics = flushed(spec, operator.metrics_flush_timeout_s, operator.log.info)
+    metrics = flushed(spec, metrics_flush_timeout_s, operator.log.info)
     error = outcome(Ended(str(event.get("status")), str(event.get("message", ""))), attempt)
     if error is None:
         return metrics.into(spec.files.read_result())

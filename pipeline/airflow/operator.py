@@ -98,7 +98,8 @@ class TorchrunOperator(BaseOperator):
 
         with user_errors_fail():
             spec = self._spec(context)
-            result = complete_attempt(self, spec, event, restart=restart, started=started)
+            result = complete_attempt(self, spec, event, restart=restart, started=started,
+                                      metrics_flush_timeout_s=self.metrics_flush_timeout_s)
             return self._result(context, spec, result, time.time() - started)
 
     def _result(self, context, spec, result: Any, wall_s: float) -> Any:
