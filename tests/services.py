@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.registry.tracking_server import SERVER_ENV
+
 POSTGRES_DSN = os.environ.get("PIPELINE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
 
 
@@ -78,9 +80,8 @@ class MlflowServer:
                "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
                "--workers", str(self.workers)]
         log = open(self.log_path, "a")
-        # MLflow's own code only; no server-side jobs (eight worker processes and a /dev/shm folder left behind).
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        # MLflow's own code only (no PYTHONPATH), without its server-side jobs, as the pipeline starts it.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | SERVER_ENV
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

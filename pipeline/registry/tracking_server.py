@@ -25,6 +25,10 @@ from pipeline.network import free_ports, http_ok
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
+# Every MLflow server the pipeline starts (a job's here, the local stack's, the tests') runs without MLflow's
+# server-side jobs (GenAI evaluation, trace roll-ups), which the pipeline never submits: their eight worker
+# processes, about 3 s of start-up, and a folder in /dev/shm that outlives the server.
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def is_server(uri: str) -> bool:
@@ -45,9 +49,7 @@ def served(uri: str, log_file: Path) -> Iterator[str]:
                "--workers", "1"]
     log_file.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    # Without MLflow's server-side jobs (GenAI evaluation, trace roll-ups), which the pipeline never submits:
-    # their eight worker processes, about 3 s of start-up, and a folder in /dev/shm that outlives the server.
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**os.environ, **SERVER_ENV}
     with open(log_file, "ab") as output:
         server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   start_new_session=True, env=env)

@@ -30,6 +30,7 @@ from pipeline import settings
 from pipeline.dev.stack import secrets
 from pipeline.dev.stack.rest import RestClient, fail_running_tasks, http_json
 from pipeline.network import http_ok
+from pipeline.registry.tracking_server import SERVER_ENV
 
 SERVICES_MODE, EMBEDDED_MODE = "services", "embedded"
 
@@ -116,9 +117,7 @@ class LocalStack:
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "PIPELINE_MLFLOW_UI_URL": self.mlflow_url,
-            # MLflow's server-side jobs (GenAI evaluation, trace roll-ups) are never submitted here: without them
-            # the server has no eight worker processes beside it, nor a folder left in /dev/shm after it stops.
-            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            **SERVER_ENV,  # the MLflow server without its server-side jobs
         })
         if self.mode == SERVICES_MODE:
             airflow_db = self.database_url("airflow")

@@ -17,8 +17,9 @@ if __name__ == "__main__":
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
         code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, (int, type(None))):
-            print(exc.code, file=sys.stderr)
+    except SystemExit as exc:  # as the interpreter maps it: None is 0, a message is printed and is 1
+        code = exc.code or 0
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
     exit_main("pipeline.job.local.torchrun", code)
