@@ -103,6 +103,7 @@ def dag_runs(home: Path) -> list[dict]:
         runs.append({"wall_s": wall, "tasks": {task: e - s for task, (s, e) in spans.items()}, "phases": phases,
                      "outside_tasks": outside_tasks(began, ended, spans),
                      "train_phases": train_phases, "training_s": result["train_wall_s"],
+                     "data_wait_fraction": result.get("throughput", {}).get("data_wait_fraction"),
                      "accuracy": summary["test_metrics"].get("accuracy")})
     return runs
 
@@ -168,7 +169,7 @@ def measure(args: argparse.Namespace, home: Path) -> None:
         runs = dag_runs(home / "dag")
         for i, run in enumerate(runs):
             print(f"DAG run {i + 1}: wall {run['wall_s']:.1f}s, training {run['training_s']:.1f}s, tasks: "
-                  + ", ".join(f"{task} {s:.1f}s" for task, s in run["tasks"].items()) + f"; accuracy {run['accuracy']}")
+                  + ", ".join(f"{task} {s:.1f}s" for task, s in run["tasks"].items()) + f"; accuracy {run['accuracy']}; rank 0's data wait {run['data_wait_fraction']:.1%} of training")
             print("  outside the tasks: " + ", ".join(
                 f"{name.replace('_', ' ')} {s:.1f}s" for name, s in run["outside_tasks"].items()))
             print("  train from the task's start: " + ", ".join(
@@ -180,6 +181,7 @@ def measure(args: argparse.Namespace, home: Path) -> None:
                     "register_s": round(second["tasks"].get("register_model", 0.0), 3),
                     "evaluate_s": round(second["tasks"].get("evaluate", 0.0), 3),
                     "train_task_s": round(second["tasks"].get("train", 0.0), 3),
+                    "data_wait_fraction": second["data_wait_fraction"],
                     "outside_tasks_s": round(sum(second["outside_tasks"].values()), 3)}
         print(f"second DAG run: wall minus training {figures['dag_overhead_s']:.1f}s (target <= 15), register "
               f"{figures['register_s']:.1f}s and evaluate {figures['evaluate_s']:.1f}s (targets <= 3)")
