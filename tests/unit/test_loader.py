@@ -169,3 +169,23 @@ def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_pa
     _assert_same_batches([columns], [want])
     for got, expected in zip(data.encoder.encode_columns(columns), data.encoder.encode(samples)):
         assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+def test_reading_batches_does_not_import_pandas(tabular, tmp_path):
+    """pyarrow's to_numpy imports pandas (0.3-0.7 s): inside a run's first batch, it counted as waiting for
+    data. Text columns come out of the batch path, and out of read_split, without it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from pipeline.data.reading import TrainingData\n"
+        f"data = TrainingData.open([{tabular['uri']!r}], {str(tmp_path / 'cache')!r})\n"
+        "batch = next(iter(data.loader('train', batch_size=32, shuffle=True, seed=3, transform=dict)))\n"
+        "split = data.read_split('val')\n"
+        "assert isinstance(batch['color'][0], str) and isinstance(split['color'][0], str)\n"
+        "print(sorted(m for m in sys.modules if m == 'pandas' or m.startswith('pandas.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
