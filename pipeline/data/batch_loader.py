@@ -11,8 +11,8 @@ streaming's. It differs where streaming pays a cost per sample or per poll:
   file and decodes the sample on its own;
 - the download and ready threads look at sample ids a chunk at a time and visit each shard once per
   epoch; streaming calls ``prepare_shard``, which takes a file lock, for every sample;
-- waits poll every millisecond instead of streaming's 7 ms ``TICK``, the node barrier's file lock too
-  (filelock polls every 50 ms): those waits added tens of ms at each epoch start.
+- waits poll every millisecond instead of streaming's 7 ms ``TICK``, the node barrier's own waits and its
+  file lock too (filelock polls every 50 ms): those waits added tens of ms at each epoch start.
 
 It is a copy of private code: a streaming upgrade must re-check it against ``StreamingDataset.__iter__``.
 """
@@ -45,7 +45,7 @@ class _Apply:
 def __getattr__(name: str):
     # BatchDataset and BatchLoader subclass streaming's classes; importing streaming (and torch) is put off
     # until one is used, so that importing this module stays cheap. Pickle finds them here too.
-    if name in ("BatchDataset", "BatchLoader", "VerifiedStream"):
+    if name in ("BatchDataset", "BatchLoader", "VerifiedStream", "_Barrier"):
         return batch_classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -62,7 +62,37 @@ def batch_classes() -> dict[str, type]:
     from streaming import Stream, StreamingDataLoader, StreamingDataset
     from streaming.base.constant import TICK
     from streaming.base.dataset import _Iterator, _ShardState
+    from streaming.base.shared.barrier import SharedBarrier
     from torch.utils.data import DataLoader
+
+    class _Barrier(SharedBarrier):
+        """Streaming's ``SharedBarrier.__call__`` (0.13), its waits polled every millisecond instead of every
+        7 ms ``TICK``: the ranks meet in it three times at each epoch start (resume, share the epoch's
+        partition, attach to it), which took 18-40 ms per epoch start, waiting for data."""
+
+        def __call__(self, num_procs: int) -> None:
+            with self.lock:
+                if self.num_exit == -1:
+                    self.num_exit = num_procs
+            self.lock.acquire()
+            if not self.num_enter:  # the first to arrive: wait for everyone to leave the last one
+                self.lock.release()
+                while self.num_exit != num_procs:
+                    sleep(_POLL_S)
+                self.lock.acquire()
+                self.flag = False
+            self.num_enter += 1
+            if self.num_enter == num_procs:  # the last to arrive: "go"
+                self.num_enter = 0
+                self.num_exit = 0
+                self.flag = True
+            self.lock.release()
+            while not self.flag:
+                sleep(_POLL_S)
+            with self.lock:
+                self.num_exit += 1
+                if self.num_exit == num_procs:
+                    self.num_exit = -1
 
     class BatchDataset(StreamingDataset):
         """A ``StreamingDataset`` whose iteration yields ``(count, columns)`` per batch of ``batch_size``.
@@ -90,6 +120,7 @@ def batch_classes() -> dict[str, type]:
             # time (50 to 150 ms per epoch start with 2 ranks). The same lock, polled every millisecond.
             if not hasattr(self._shared_barrier, "lock"):
                 self._shared_barrier.lock = FileLock(self._shared_barrier.filelock_path, poll_interval=_POLL_S)
+            self._shared_barrier.__class__ = _Barrier
             self._unique_worker_world = self._unique_rank_world.detect_workers()
             self._parallel_worker_world = self._parallel_rank_world.detect_workers()
             epoch, sample_in_epoch = self._resume_incr_epoch()
@@ -261,7 +292,8 @@ def batch_classes() -> dict[str, type]:
                 raise integrity.damaged_error(Path(self.dataset_dir), self.version, [damage])
             return local
 
-    classes = {"BatchDataset": BatchDataset, "BatchLoader": BatchLoader, "VerifiedStream": VerifiedStream}
+    classes = {"BatchDataset": BatchDataset, "BatchLoader": BatchLoader, "VerifiedStream": VerifiedStream,
+               "_Barrier": _Barrier}
     for cls in classes.values():
         cls.__module__, cls.__qualname__ = __name__, cls.__name__
     globals()["_BATCH_CLASSES"] = classes
