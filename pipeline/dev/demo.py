@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
 
     settings.apply_airflow_env()
     started = time.perf_counter()
+    from pipeline.airflow.warm import preload_in_background
+
+    preload_in_background()  # the tasks run in this process: it is their warm worker
     from pipeline.recipes import get_recipe
 
     recipe = get_recipe(args.recipe)

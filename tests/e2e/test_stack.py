@@ -30,6 +30,7 @@ DAYS = [str(TODAY - timedelta(days=n)) for n in (3, 2, 1)]
 
 # Training takes the `gpu` pool (1 slot here) on the `gpu` queue; its start and end land in a file.
 POOL_DAG_SOURCE = textwrap.dedent('''
+    import sys
     import time
     from pathlib import Path
 
@@ -45,9 +46,11 @@ POOL_DAG_SOURCE = textwrap.dedent('''
             run_id = get_current_context()["run_id"]
             out = settings.home() / "gpu_pool_probe.jsonl"
             start = time.time()
+            warm = "torch" in sys.modules  # nothing here imports it: the Celery worker did (pipeline.airflow.warm)
             time.sleep(4)
             with open(out, "a") as f:
-                f.write(f'{{"run": "{run_id}", "task": "{what}", "start": {start}, "end": {time.time()}}}\\n')
+                f.write(f'{{"run": "{run_id}", "task": "{what}", "start": {start}, "end": {time.time()}, '
+                        f'"warm": {str(warm).lower()}}}\\n')
 
         @task
         def prepare():
@@ -299,6 +302,8 @@ def test_gpu_pool_of_one_slot_runs_one_training_at_a_time_while_other_tasks_over
     assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)  # never two trainings at once
     p, q = (by[(run, "prepare")] for run in runs)
     assert p["start"] < q["end"] and q["start"] < p["end"], (p, q)  # preparation runs side by side
+    # Every task process, forked from a Celery worker that imported torch when it started, began with it.
+    assert all(mark["warm"] for mark in by.values()), by
 
 
 def test_a_task_marked_failed_through_the_api_leaves_no_training_process(stack):

@@ -127,6 +127,8 @@ class LocalStack:
                 "AIRFLOW__CELERY__BROKER_URL": self.redis,
                 "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + airflow_db,
                 "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
+                # The worker imports torch, MLflow... once; the task processes it forks start with them.
+                "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "pipeline.airflow.warm.CELERY_CONFIG",
                 # Tasks reach the tracking server through this connection, as in docker-compose.yml.
                 "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": self.mlflow_port}),
                 "PIPELINE_TRAIN_QUEUE": "gpu",

@@ -1,0 +1,79 @@
+"""Warm task processes: the heavy modules the stages import, imported once by the process that starts tasks.
+
+A task imports torch, torch.export's loader (which imports torch._dynamo), MLflow, pandas, pyarrow and
+streaming before it does any work of its own: 4 to 6 s of ``register_model``, 2 to 3 s of the others, on every
+task of every run. Airflow forks each task's process from the process that runs it (a Celery worker's pool
+process), and a forked process starts with what its parent had imported. So:
+
+- a Celery worker imports them when it starts, before its pool forks (``CELERY_CONFIG``: set
+  ``[celery] celery_config_options`` to ``pipeline.airflow.warm.CELERY_CONFIG``, as ``docker-compose.yml`` and
+  ``make stack`` do);
+- ``make demo``, which runs every task inside its own process (``dag.test``), imports them on a thread while
+  Airflow starts (``preload_in_background``).
+
+``PIPELINE_PRELOAD`` names the modules (comma-separated; ``none`` for none). Importing them starts no thread and
+touches no device, so forking after it is safe; a module that fails to import is logged and skipped: the task
+that needs it fails as it would have, with its own error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODULES = ("pipeline.data", "torch", "torch.export.pt2_archive", "pandas", "pyarrow.parquet", "streaming",
+                   "mlflow.pyfunc")
+
+
+def modules() -> list[str]:
+    """The modules to preload: ``PIPELINE_PRELOAD`` (comma-separated, ``none`` for none) or the defaults."""
+    value = os.environ.get("PIPELINE_PRELOAD")
+    if value is None:
+        return list(DEFAULT_MODULES)
+    return [] if value.strip().lower() in ("", "none") else [name.strip() for name in value.split(",") if name.strip()]
+
+
+def preload(names: list[str] | None = None) -> dict[str, float]:
+    """Import ``names`` (default ``modules()``) in order; returns each one's seconds (0 when already there)."""
+    took: dict[str, float] = {}
+    for name in modules() if names is None else names:
+        started = time.perf_counter()
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a warm-up must never stop a worker
+            log.warning("preloading %s failed: %s: %s", name, type(exc).__name__, exc)
+            continue
+        took[name] = round(time.perf_counter() - started, 3)
+    if took:
+        log.info("preloaded %s in %.1fs", ", ".join(took), sum(took.values()))
+    return took
+
+
+def preload_in_background(names: list[str] | None = None) -> threading.Thread:
+    """``preload`` on a daemon thread: for a process that runs tasks itself, never one that forks afterwards
+    (a fork while a thread holds an import lock would leave the child waiting on it)."""
+    thread = threading.Thread(target=preload, args=(names,), name="pipeline-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def _on_worker_init(**_: object) -> None:
+    preload()
+
+
+def __getattr__(name: str):
+    if name == "CELERY_CONFIG":
+        # Airflow's own Celery configuration, the same object (Airflow then applies nothing twice). Fetching it is
+        # how a Celery worker meets this module, before it starts: the preload runs when the worker starts, in its
+        # main process, before the pool's processes fork (its signal never fires in a scheduler).
+        from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
+        from celery.signals import worker_init
+
+        worker_init.connect(_on_worker_init, weak=False, dispatch_uid=__name__)
+        return DEFAULT_CELERY_CONFIG
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
