@@ -1,8 +1,8 @@
 """Warm task processes: the heavy modules the stages import, imported once by the process that starts tasks.
 
 A task imports torch, torch.export's loader (which imports torch._dynamo), MLflow, pandas, pyarrow and
-streaming before it does any work of its own: 4 to 6 s of ``register_model``, 2 to 3 s of the others, on every
-task of every run. Airflow forks each task's process from the process that runs it (a Celery worker's pool
+streaming before it does any work of its own: 4 to 4.5 s of ``register_model`` (docs/performance.md), and
+their share of every other task, in every run. Airflow forks each task's process from the process that runs it (a Celery worker's pool
 process), and a forked process starts with what its parent had imported. So:
 
 - a Celery worker imports them when it starts, before its pool forks (``CELERY_CONFIG``: set
