@@ -169,7 +169,8 @@ def measure(args: argparse.Namespace, home: Path) -> None:
         runs = dag_runs(home / "dag")
         for i, run in enumerate(runs):
             print(f"DAG run {i + 1}: wall {run['wall_s']:.1f}s, training {run['training_s']:.1f}s, tasks: "
-                  + ", ".join(f"{task} {s:.1f}s" for task, s in run["tasks"].items()) + f"; accuracy {run['accuracy']}; rank 0's data wait {run['data_wait_fraction']:.1%} of training")
+                  + ", ".join(f"{task} {s:.1f}s" for task, s in run["tasks"].items())
+                  + f"; accuracy {run['accuracy']}; rank 0's data wait {run['data_wait_fraction']:.1%} of training")
             print("  outside the tasks: " + ", ".join(
                 f"{name.replace('_', ' ')} {s:.1f}s" for name, s in run["outside_tasks"].items()))
             print("  train from the task's start: " + ", ".join(

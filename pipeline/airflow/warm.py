@@ -2,8 +2,8 @@
 
 A task imports torch, torch.export's loader (which imports torch._dynamo), MLflow, pandas, pyarrow and
 streaming before it does any work of its own: 4 to 4.5 s of ``register_model`` (docs/performance.md), and
-their share of every other task, in every run. Airflow forks each task's process from the process that runs it (a Celery worker's pool
-process), and a forked process starts with what its parent had imported. So:
+their share of every other task, in every run. Airflow forks each task's process from the process that runs
+it (a Celery worker's pool process), and a forked process starts with what its parent had imported. So:
 
 - a Celery worker imports them when it starts, before its pool forks (``CELERY_CONFIG``: set
   ``[celery] celery_config_options`` to ``pipeline.airflow.warm.CELERY_CONFIG``, as ``docker-compose.yml`` and
