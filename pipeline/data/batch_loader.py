@@ -19,16 +19,21 @@ It is a copy of private code: a streaming upgrade must re-check it against ``Str
 
 from __future__ import annotations
 
+import queue
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
 from pipeline.data import integrity
 from pipeline.data.shards import Layout, ShardReader, concat, decode_columns
 
+AHEAD = 2  # batches read ahead of the training step, on a thread (ReadAhead)
 _PREPARE_CHUNK = 8192  # sample ids the download threads look at per pass
 _POLL_S = 0.001  # our waits for a shard or the ready thread (streaming's 7 ms tick added ~40 ms per epoch start)
+_END = object()  # ReadAhead's last entry
+T = TypeVar("T")
 
 
 class _Apply:
@@ -40,6 +45,68 @@ class _Apply:
     def __call__(self, item: tuple[int, dict[str, Any]]) -> tuple[int, Any]:
         count, columns = item
         return count, self.transform(columns)
+
+
+class ReadAhead:
+    """``source``'s items, in order, taken by a thread up to ``depth`` items ahead of the consumer.
+
+    The next batch is read and transformed while the last one trains: a step spends most of its time in
+    torch's kernels and in the gradients' all-reduce, which release the interpreter lock. The thread starts
+    at once, so the first batch is on its way before the first ``next``. An error of ``source`` is raised to
+    the consumer at the item where it happened. ``close`` (or dropping the iterator: a preempted rank's
+    ``del``) stops the thread after the item it is reading; only that thread ever runs ``source``."""
+
+    def __init__(self, source: Iterable[T], depth: int):
+        self._items: queue.Queue = queue.Queue(max(1, depth))
+        self._stop = threading.Event()
+        self._done = False
+        threading.Thread(target=_produce, args=(iter(source), self._items, self._stop), name="read-ahead",
+                         daemon=True).start()
+
+    def __iter__(self) -> ReadAhead:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item, error = self._items.get()
+        if item is _END:
+            self._done = True
+            self.close()
+            if error is not None:
+                raise error
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+
+    __del__ = close
+
+
+def _produce(source: Iterator[Any], items: queue.Queue, stop: threading.Event) -> None:
+    """``ReadAhead``'s thread (it holds no reference to the ``ReadAhead``, so dropping that ends this)."""
+
+    def put(entry) -> None:
+        while not stop.is_set():
+            try:
+                items.put(entry, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    try:
+        for item in source:
+            put((item, None))
+            if stop.is_set():
+                return
+        put((_END, None))
+    except BaseException as error:  # raised again in the consumer, with its traceback
+        put((_END, error))
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
 
 
 def __getattr__(name: str):
@@ -260,9 +327,15 @@ def batch_classes() -> dict[str, type]:
                              generator=generator, **kwargs)
 
         def __iter__(self):
+            """This epoch's batches. Without loader workers, a thread reads and transforms up to ``AHEAD``
+            batches ahead of the caller from here on (``ReadAhead``); workers do that themselves."""
             self.num_samples_yielded = 0
-            for count, batch in DataLoader.__iter__(self):
-                self.num_samples_yielded += count
+            batches = DataLoader.__iter__(self)
+            return self._counted(batches if self.num_workers else ReadAhead(batches, AHEAD))
+
+        def _counted(self, batches):
+            for count, batch in batches:
+                self.num_samples_yielded += count  # what the caller has taken: a checkpoint resumes after it
                 yield batch
 
         def __len__(self) -> int:

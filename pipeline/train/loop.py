@@ -123,12 +123,14 @@ class _Loop:
         # training to lose. Installed before the loaders fork their workers, which it shields.
         preemption = install_preemption()
         loop_started = time.perf_counter()
+        upcoming = None  # the next epoch's batches, read while the last one is validated
         while epoch < tc.epochs:
             self.ddp.train()
             # Running sums stay on the device: a .item() per step would make every step wait for it.
             sums: dict[str, torch.Tensor] = {}
             count = 0
-            batches = iter(self.train_loader)
+            batches = upcoming if upcoming is not None else iter(self.train_loader)
+            upcoming = None
             step_in_epoch, in_epoch = in_epoch, 0  # a resumed epoch's steps already done, then none
             stopping = False
             while step_in_epoch < self.steps_per_epoch:
@@ -178,6 +180,10 @@ class _Loop:
                         self._save(step, epoch, self.train_loader.state_dict(), metrics)
                     del batches  # its loader workers end now rather than at interpreter exit
                     self._stop_preempted(preemption, step)
+            if epoch + 1 < tc.epochs:
+                # The loader starts reading the next epoch now, while this one is validated and checkpointed
+                # (the epoch-end checkpoint names the next epoch's start itself, below).
+                upcoming = iter(self.train_loader)
             train_metrics = _means(dist, sums, count, "train_")
             ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1, phase="validating", force=True)
             metrics = train_metrics | self._validate(step)

@@ -36,7 +36,10 @@ class BuildModel(Protocol):
 
 class BatchTransform(Protocol):
     def __call__(self, cfg: PipelineConfig, data: TrainingData, train: bool, /) -> Callable[[dict[str, Any]], Batch]:
-        """A picklable callable (loader workers run it): decoded columns -> a dict of tensors; ``train`` augments."""
+        """A picklable callable, decoded columns -> a dict of tensors, that draws no random numbers: it runs
+        ahead of the training step, on the loader's read-ahead thread or in its workers, so a draw from torch's
+        global generator there would make a seeded run unrepeatable. Random augmentation belongs in ``loss``,
+        on the device (the image recipe's), where checkpoints restore the generator's state."""
 
 
 class Loss(Protocol):

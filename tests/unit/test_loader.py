@@ -3,6 +3,7 @@ array images and PNG/JPEG images, over one version or a window of several; exact
 read_split and encode_columns against their per-sample counterparts."""
 
 import io
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +14,7 @@ from pipeline.data.demo import write_idx
 from pipeline.data.reading import TrainingData
 from pipeline.data.shards import _images, decode_columns
 from tests.datafiles import cfg, table, write_image_folder, write_parquet
+from tests.services import wait_for
 
 
 def _columns(columns):
@@ -190,3 +192,82 @@ def test_reading_batches_imports_neither_pandas_nor_pyarrow_compute(tabular, tmp
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order():
+    import threading
+
+    from pipeline.data.batch_loader import ReadAhead
+
+    pulled: list[tuple[int, str]] = []
+
+    def source():
+        for i in range(10):
+            pulled.append((i, threading.current_thread().name))
+            yield i
+
+    ahead = ReadAhead(source(), 2)
+    # Before any next(): two items queued and a third taken, waiting for room.
+    wait_for(lambda: len(pulled) == 3, "the thread to take three items", timeout_s=30, poll_s=0.005)
+    time.sleep(0.2)
+    assert len(pulled) == 3  # and no more while nothing is consumed
+    assert list(ahead) == list(range(10))
+    assert {name for _, name in pulled} == {"read-ahead"}
+
+
+def test_read_ahead_raises_the_sources_error_at_its_item():
+    from pipeline.data.batch_loader import ReadAhead
+
+    def source():
+        yield from range(3)
+        raise ValueError("shard 7: bad column")
+
+    ahead, got = ReadAhead(source(), 2), []
+    with pytest.raises(ValueError, match="shard 7"):
+        for item in ahead:
+            got.append(item)
+    assert got == [0, 1, 2]
+
+
+def test_a_dropped_read_ahead_stops_and_closes_its_source_on_its_thread():
+    import threading
+
+    from pipeline.data.batch_loader import ReadAhead
+
+    closed: list[str] = []
+
+    def source():
+        try:
+            yield from range(1_000_000)
+        finally:
+            closed.append(threading.current_thread().name)
+
+    def readers() -> int:
+        return sum(t.name == "read-ahead" for t in threading.enumerate())
+
+    before = readers()
+    ahead = ReadAhead(source(), 2)
+    assert next(ahead) == 0
+    del ahead  # a preempted rank drops its batches mid-epoch
+    wait_for(lambda: closed == ["read-ahead"], "the source closed on the read-ahead thread", timeout_s=30,
+             poll_s=0.005)
+    wait_for(lambda: readers() <= before, "the read-ahead thread to end", timeout_s=30, poll_s=0.005)
+
+
+def test_the_loaders_transform_runs_ahead_of_the_caller(tabular, tmp_path):
+    """Batches are read and transformed on the read-ahead thread; a checkpoint still counts only what the
+    caller took (test_mid_epoch_resume_delivers_exactly_the_remaining_samples)."""
+    import threading
+
+    threads: set[str] = set()
+
+    def transform(columns):
+        threads.add(threading.current_thread().name)
+        return columns
+
+    data = TrainingData.open([tabular["uri"]], tmp_path / "cache")
+    batches = iter(data.loader("train", batch_size=32, shuffle=True, seed=3, transform=transform))
+    wait_for(lambda: threads == {"read-ahead"}, "a batch transformed before the first next()", timeout_s=30,
+             poll_s=0.005)
+    assert sum(len(b["id"]) for b in batches) == tabular["splits"]["train"]
+    assert threads == {"read-ahead"}
