@@ -1,15 +1,19 @@
 """Warm task processes: the heavy modules the stages import, imported once by the process that starts tasks.
 
-A task imports torch, torch.export's loader (which imports torch._dynamo), MLflow, pandas, pyarrow and
-streaming before it does any work of its own: 4 to 4.5 s of ``register_model`` (docs/performance.md), and
-their share of every other task, in every run. Airflow forks each task's process from the process that runs
-it (a Celery worker's pool process), and a forked process starts with what its parent had imported. So:
+A task imports torch, torch.export's loader (which imports torch._dynamo), MLflow, pandas, pyarrow,
+streaming and matplotlib before it does any work of its own: 4 to 4.5 s of ``register_model``
+(docs/performance.md), and their share of every other task, in every run. Airflow forks each task's
+process from the process that runs it (a Celery worker's pool process), and a forked process starts
+with what its parent had imported. So:
 
 - a Celery worker imports them when it starts, before its pool forks (``CELERY_CONFIG``: set
   ``[celery] celery_config_options`` to ``pipeline.airflow.warm.CELERY_CONFIG``, as ``docker-compose.yml`` and
   ``make stack`` do);
-- ``make demo``, which runs every task inside its own process (``dag.test``), imports them on a thread while
-  Airflow starts (``preload_in_background``).
+- ``make demo``, which runs every task inside its own process (``dag.test``), imports them on a thread once
+  the train task waits for its ranks (``preload_in_background(after=supervisor.WAITING, nice=19)``): its
+  interpreter is idle then, and the thread's low CPU priority leaves the cores to the ranks. Started with
+  Airflow instead, the thread contended with Airflow's start for the interpreter lock (that start took
+  twice as long) and then with the ranks for the cores.
 
 ``PIPELINE_PRELOAD`` names the modules (comma-separated; ``none`` for none). Importing them starts no thread and
 touches no device, so forking after it is safe; a module that fails to import is logged and skipped: the task
@@ -27,7 +31,7 @@ import time
 log = logging.getLogger(__name__)
 
 DEFAULT_MODULES = ("pipeline.data", "torch", "torch.export.pt2_archive", "pandas", "pyarrow.parquet", "streaming",
-                   "mlflow.pyfunc")
+                   "mlflow.pyfunc", "matplotlib.pyplot")  # the last: the evaluation report's plots
 
 
 def modules() -> list[str]:
@@ -38,13 +42,28 @@ def modules() -> list[str]:
     return [] if value.strip().lower() in ("", "none") else [name.strip() for name in value.split(",") if name.strip()]
 
 
+def _mlflow_distributions() -> None:
+    # The first model logged in a process maps every installed distribution to its modules, for the model's
+    # requirements (importlib.metadata.packages_distributions: about 1.2 s), and MLflow keeps the map.
+    from mlflow.utils import requirements_utils
+
+    requirements_utils._init_modules_to_packages_map()
+
+
+# What a preloaded module's first use computes once per process and keeps: computed here too.
+AFTER_IMPORT = {"mlflow.pyfunc": _mlflow_distributions}
+
+
 def preload(names: list[str] | None = None) -> dict[str, float]:
-    """Import ``names`` (default ``modules()``) in order; returns each one's seconds (0 when already there)."""
+    """Import ``names`` (default ``modules()``) in order, each followed by its ``AFTER_IMPORT`` step; returns
+    each one's seconds (0 when already there)."""
     took: dict[str, float] = {}
     for name in modules() if names is None else names:
         started = time.perf_counter()
         try:
             importlib.import_module(name)
+            if name in AFTER_IMPORT:
+                AFTER_IMPORT[name]()
         except Exception as exc:  # noqa: BLE001 - a warm-up must never stop a worker
             log.warning("preloading %s failed: %s: %s", name, type(exc).__name__, exc)
             continue
@@ -54,10 +73,23 @@ def preload(names: list[str] | None = None) -> dict[str, float]:
     return took
 
 
-def preload_in_background(names: list[str] | None = None) -> threading.Thread:
+def preload_in_background(names: list[str] | None = None, *, after: threading.Event | None = None,
+                          nice: int = 0) -> threading.Thread:
     """``preload`` on a daemon thread: for a process that runs tasks itself, never one that forks afterwards
-    (a fork while a thread holds an import lock would leave the child waiting on it)."""
-    thread = threading.Thread(target=preload, args=(names,), name="pipeline-preload", daemon=True)
+    (a fork while a thread holds an import lock would leave the child waiting on it). The thread waits for
+    ``after`` first, when given, and lowers its own CPU priority by ``nice`` (Linux: one thread's niceness)."""
+
+    def run() -> None:
+        if after is not None:
+            after.wait()
+        if nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except (AttributeError, OSError) as exc:  # not every system sets a thread's priority
+                log.debug("preload at normal priority: %s", exc)
+        preload(names)
+
+    thread = threading.Thread(target=run, name="pipeline-preload", daemon=True)
     thread.start()
     return thread
 

@@ -121,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     settings.apply_airflow_env()
     started = time.perf_counter()
     from pipeline.airflow.warm import preload_in_background
+    from pipeline.job.supervisor import WAITING
 
-    preload_in_background()  # the tasks run in this process: it is their warm worker
+    # The tasks run in this process: it is their warm worker, from when the train task waits for its ranks.
+    preload_in_background(after=WAITING, nice=19)
     from pipeline.recipes import get_recipe
 
     recipe = get_recipe(args.recipe)

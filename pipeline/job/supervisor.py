@@ -46,6 +46,9 @@ TAIL_LINES = 60
 POLL_S = 0.5
 METRICS_FLUSH_TIMEOUT_S = 120.0
 STOPPED = "the training job was stopped (the task was killed, cleared or timed out)"
+# Set once this process has launched a job and waits for it: its interpreter is idle then. A process that runs
+# tasks itself (``make demo``) does its warm-up from that moment (``pipeline.airflow.warm``).
+WAITING = threading.Event()
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,7 @@ class Supervisor:
         return outcome(end, attempt, list(self._tail))
 
     def _wait(self, emit: Emit) -> Ended:
+        WAITING.set()
         launch = self.spec.launch
         watchdog = Watchdog(timeout_s=launch.timeout_s, stall_timeout_s=launch.stall_timeout_s,
                             progress_dir=self.spec.files.progress, started=time.monotonic())

@@ -67,6 +67,16 @@ def test_a_failing_rank_fails_the_launch_with_its_traceback(script_dir, tmp_path
     assert "ValueError: boom from rank 1" in message
 
 
+def test_the_supervising_process_is_marked_waiting_once_its_ranks_run(script_dir, tmp_path):
+    """make demo's warm-up starts then (pipeline.airflow.warm): the mark is the supervisor's WAITING."""
+    from pipeline.job import supervisor
+
+    supervisor.WAITING.clear()
+    run_torchrun(["-m", "toy_job", "ok"], nproc_per_node=1, job_dir=tmp_path / "job",
+                 env={"PYTHONPATH": str(script_dir)}, emit=lambda line: None, grace_period_s=2)
+    assert supervisor.WAITING.is_set()
+
+
 def test_an_infrastructure_fault_in_a_rank_is_restarted_then_fails_as_retryable(script_dir, tmp_path):
     lines = []
     with pytest.raises(TrainingFailed) as err:

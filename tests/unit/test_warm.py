@@ -54,3 +54,53 @@ def test_preload_in_background_imports_on_its_own_thread():
     thread.join(60)
     assert not thread.is_alive() and thread.daemon and thread.name == "pipeline-preload"
     assert "this" in sys.modules
+
+
+def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeypatch):
+    """make demo's: nothing imported until the train task waits for its ranks (the supervisor's WAITING),
+    then on a thread whose own niceness is raised, so that the ranks keep the cores."""
+    import os
+    import threading
+
+    seen: dict[str, int] = {}
+
+    def preload(names):
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["process"] = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
+
+    monkeypatch.setattr(warm, "preload", preload)
+    go = threading.Event()
+    thread = warm.preload_in_background(["this"], after=go, nice=5)
+    thread.join(0.3)
+    assert thread.is_alive() and not seen  # still waiting
+    go.set()
+    thread.join(60)
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    assert seen == {"nice": min(base + 5, 19), "process": base}  # the thread's, not the process's
+
+
+
+def test_preloading_mlflow_also_maps_the_installed_distributions_once():
+    """log_model's requirement check maps every installed distribution (about 1.2 s) in each process that logs
+    its first model; a warm process has the map already. (A fresh process: MLflow keeps the map in a global.)"""
+    import subprocess
+
+    script = ("from pipeline.airflow import warm\n"
+              "from mlflow.utils import requirements_utils as r\n"
+              "assert r._MODULES_TO_PACKAGES is None\n"
+              "warm.preload(['mlflow.pyfunc'])\n"
+              "print(sorted(r._MODULES_TO_PACKAGES.get('torch', [])))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "['torch']"
+
+
+def test_a_failing_step_after_an_import_is_logged_and_skipped(monkeypatch, caplog):
+    def broken():
+        raise RuntimeError("no map today")
+
+    monkeypatch.setitem(warm.AFTER_IMPORT, "this", broken)
+    with caplog.at_level("WARNING"):
+        took = warm.preload(["this", "json"])
+    assert list(took) == ["json"]
+    assert "preloading this failed: RuntimeError: no map today" in caplog.text
