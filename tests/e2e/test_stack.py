@@ -272,7 +272,11 @@ def test_backfill_of_three_days_prepares_three_versions_and_trains_on_the_newest
     prepared = wait_for(trained_on_newest, "an asset-triggered tabular_mlp run on the newest day", timeout_s=420, poll_s=2)
     assert prepared["interval"]["end"][:10] == str(TODAY)
 
-    # The same backfill again (every day reprocessed): each day's input is unchanged, nothing is prepared.
+    # The same backfill again (every day reprocessed): each day's input is unchanged, nothing is prepared. Airflow
+    # refuses a backfill (409) while another of the DAG is active: the scheduler marks the first one completed on
+    # one of its loops after its runs have ended.
+    wait_for(lambda: _backfill_done(client, backfill["id"]), "the first backfill to be completed", timeout_s=120,
+             poll_s=1)
     again = client.request("POST", "/api/v2/backfills", {**body, "reprocess_behavior": "completed"})
     assert again["id"] != backfill["id"]
 
