@@ -6,7 +6,10 @@ watchdog's heartbeat, and rank 0's logs reach MLflow through the metrics sink (t
 task relays).
 
 - Hugging Face: ``Trainer(output_dir=ctx.checkpoint_dir, callbacks=[huggingface_callback(ctx)])``,
-  resumed with ``resume_from_checkpoint=last_huggingface_checkpoint(ctx)``.
+  resumed with ``resume_from_checkpoint=last_huggingface_checkpoint(ctx)``. On a CPU the ``TrainingArguments``
+  need ``use_cpu=True``: without it the Trainer joins no process group there, and each rank would train a
+  model of its own and write the same checkpoint files as the others; the callback refuses that (``ConfigError``)
+  when the Trainer is created.
 - Lightning: ``Trainer(callbacks=[lightning_callback(ctx, ...)], enable_checkpointing=False)``, resumed with
   ``fit(..., ckpt_path=last_lightning_checkpoint(ctx))``. Checkpoints go through the job's
   ``CheckpointStore`` (atomic, verified, pruned), with the loaders' state for a mid-epoch resume.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import time
 from numbers import Number
 
+from pipeline.errors import ConfigError
 from pipeline.train import preemption
 from pipeline.train.context import RunContext
 
@@ -30,6 +34,7 @@ def huggingface_callback(ctx: RunContext):
     """A ``transformers.TrainerCallback`` bound to ``ctx``."""
     from transformers import TrainerCallback
 
+    _load_to_numbered_cpu()
     stop_request = preemption.install()
 
     def beat(state, phase: str = "training", force: bool = False) -> None:
@@ -39,6 +44,13 @@ def huggingface_callback(ctx: RunContext):
     class RunContextCallback(TrainerCallback):
         def __init__(self):
             self.preempted_at: int | None = None
+
+        def on_init_end(self, args, state, control, **kwargs):
+            if args.world_size != ctx.dist.world_size:
+                raise ConfigError(
+                    f"the Hugging Face Trainer sees {args.world_size} process(es) of the job's {ctx.dist.world_size}: "
+                    f"each rank would train a model of its own and write the same checkpoint files; on a CPU, "
+                    f"pass TrainingArguments(use_cpu=True) (on an accelerator the Trainer joins the ranks itself)")
 
         def on_step_end(self, args, state, control, **kwargs):
             beat(state)
@@ -69,6 +81,32 @@ def huggingface_callback(ctx: RunContext):
             beat(state, "finished", force=True)
 
     return RunContextCallback()
+
+
+def _load_to_numbered_cpu() -> None:
+    """Let ``torch.load(..., map_location=torch.device("cpu", N))`` load onto the CPU.
+
+    Accelerate names a multi-process CPU job's device ``cpu:0``, and the Trainer's resume loads the optimizer's
+    state with that ``map_location``, which torch refuses ("don't know how to restore data location ... (tagged
+    with cpu:0)"; torch 2.13, accelerate 1.15, transformers 4.57): no Trainer on CPU ranks could resume.
+    Registered once per process, through torch's public hook for storage locations; it changes nothing that
+    torch already loads."""
+    global _NUMBERED_CPU
+    if _NUMBERED_CPU:
+        return
+    import re
+
+    import torch
+
+    def restore(storage, location: str):
+        return storage if re.fullmatch(r"cpu:\d+", location) else None
+
+    # Priority 11: right after torch's own CPU entry (10); the others (20-26) are its accelerators.
+    torch.serialization.register_package(11, lambda obj: None, restore)
+    _NUMBERED_CPU = True
+
+
+_NUMBERED_CPU = False
 
 
 def last_huggingface_checkpoint(ctx: RunContext) -> str | None:

@@ -188,7 +188,7 @@ HF_SCRIPT = textwrap.dedent(
                                                        torch.device("cpu"), "gloo"), out)
         args = TrainingArguments(output_dir=str(ctx.checkpoint_dir), max_steps=max_steps, per_device_train_batch_size=8,
                                  learning_rate=0.05, save_steps=1000, logging_steps=5, report_to=[],
-                                 seed=0, disable_tqdm=True)
+                                 seed=0, disable_tqdm=True, use_cpu=True)
         trainer = Trainer(model=Regression(), args=args, train_dataset=Rows(),
                           callbacks=[Pace(), huggingface_callback(ctx)])
         resume = last_huggingface_checkpoint(ctx)
