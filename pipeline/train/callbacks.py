@@ -22,6 +22,7 @@ the main thread, before the trainer starts its loaders' workers.
 
 from __future__ import annotations
 
+import functools
 import time
 from numbers import Number
 
@@ -83,17 +84,15 @@ def huggingface_callback(ctx: RunContext):
     return RunContextCallback()
 
 
+@functools.cache  # once per process
 def _load_to_numbered_cpu() -> None:
     """Let ``torch.load(..., map_location=torch.device("cpu", N))`` load onto the CPU.
 
     Accelerate names a multi-process CPU job's device ``cpu:0``, and the Trainer's resume loads the optimizer's
     state with that ``map_location``, which torch refuses ("don't know how to restore data location ... (tagged
     with cpu:0)"; torch 2.13, accelerate 1.15, transformers 4.57): no Trainer on CPU ranks could resume.
-    Registered once per process, through torch's public hook for storage locations; it changes nothing that
-    torch already loads."""
-    global _NUMBERED_CPU
-    if _NUMBERED_CPU:
-        return
+    Registered through torch's public hook for storage locations; it changes nothing that torch already
+    loads."""
     import re
 
     import torch
@@ -103,10 +102,6 @@ def _load_to_numbered_cpu() -> None:
 
     # Priority 11: right after torch's own CPU entry (10); the others (20-26) are its accelerators.
     torch.serialization.register_package(11, lambda obj: None, restore)
-    _NUMBERED_CPU = True
-
-
-_NUMBERED_CPU = False
 
 
 def last_huggingface_checkpoint(ctx: RunContext) -> str | None:
