@@ -25,9 +25,12 @@ LAUNCHES = {"local": {}, "ray": {"launch.kind": "ray", "launch.ray.cpus_per_work
 def run_dag(dag_id: str, conf: dict[str, Any], dag_file: Path | None = None):
     """Run one DAG run in-process with ``dag.test`` (Airflow parses, serializes and runs it).
 
-    The DAG is read from ``dag_file``, by default ``dags/<dag_id>.py``.
+    The DAG is read from ``dag_file``, by default ``dags/<dag_id>.py``. The tasks' execution API is built for
+    the task SDK's own API version only (``pipeline.dev.execution_api``).
     """
     from airflow.dag_processing.dagbag import DagBag
+
+    from pipeline.dev.execution_api import build_for_sdk_version
 
     bag = DagBag(dag_folder=str(dag_file or settings.PROJECT_ROOT / "dags" / f"{dag_id}.py"))
     if bag.import_errors:
@@ -38,6 +41,7 @@ def run_dag(dag_id: str, conf: dict[str, Any], dag_file: Path | None = None):
 
         DagBundlesManager().sync_bundles_to_db()
         sync_bag_to_db(bag, "dags-folder", None)  # dag.test serializes only the dags folder's DAGs
+    build_for_sdk_version()
     return bag.get_dag(dag_id).test(run_conf=conf)
 
 
