@@ -13,7 +13,9 @@ with what its parent had imported. So:
   the train task waits for its ranks (``preload_in_background(after=supervisor.WAITING, nice=19)``): its
   interpreter is idle then, and the thread's low CPU priority leaves the cores to the ranks. Started with
   Airflow instead, the thread contended with Airflow's start for the interpreter lock (that start took
-  twice as long) and then with the ranks for the cores.
+  twice as long) and then with the ranks for the cores. A task of that process waits until the thread has
+  finished importing (``settled``, from ``pipeline.airflow.tasks.task_run``): code that looks a module up in
+  ``sys.modules`` would find it half-imported (``matplotlib.use`` then fails on ``matplotlib.pyplot``).
 
 ``PIPELINE_PRELOAD`` names the modules (comma-separated; ``none`` for none). Importing them starts no thread and
 touches no device, so forking after it is safe; a module that fails to import is logged and skipped: the task
@@ -29,6 +31,9 @@ import threading
 import time
 
 log = logging.getLogger(__name__)
+
+# Held by a background preload while it imports (not while it waits for its event): ``settled`` waits for it.
+_IMPORTING = threading.Lock()
 
 DEFAULT_MODULES = ("pipeline.data", "torch", "torch.export.pt2_archive", "pandas", "pyarrow.parquet", "streaming",
                    "mlflow.pyfunc", "matplotlib.pyplot")  # the last: the evaluation report's plots
@@ -87,11 +92,23 @@ def preload_in_background(names: list[str] | None = None, *, after: threading.Ev
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
             except (AttributeError, OSError) as exc:  # not every system sets a thread's priority
                 log.debug("preload at normal priority: %s", exc)
-        preload(names)
+        with _IMPORTING:
+            preload(names)
 
     thread = threading.Thread(target=run, name="pipeline-preload", daemon=True)
     thread.start()
     return thread
+
+
+def settled() -> None:
+    """Return once no background preload of this process is importing (at once when none is, or none has
+    started yet): a task must not use a module that another thread is still importing."""
+    started = time.perf_counter()
+    with _IMPORTING:
+        pass
+    waited = time.perf_counter() - started
+    if waited > 0.1:
+        log.info("waited %.1fs for this process's preload to finish importing", waited)
 
 
 def _on_worker_init(**_: object) -> None:

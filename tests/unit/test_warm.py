@@ -80,6 +80,28 @@ def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeyp
 
 
 
+def test_a_task_waits_for_a_preload_that_is_importing(tmp_path, monkeypatch):
+    """make demo's tasks run in the preloading process: a task that looked a module up in sys.modules while the
+    thread imported it found it half-imported (matplotlib.use and matplotlib.pyplot failed an evaluate task)."""
+    import threading
+    import time
+
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(1.0)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
+    go = threading.Event()
+    thread = warm.preload_in_background(["slow_to_import"], after=go)
+    warm.settled()  # a preload still waiting for its event holds nothing up (make demo's first task)
+    assert "slow_to_import" not in sys.modules
+    go.set()
+    while "slow_to_import" not in sys.modules and thread.is_alive():
+        time.sleep(0.005)
+    assert not hasattr(sys.modules["slow_to_import"], "DONE")  # half-imported, as the failing task saw it
+    warm.settled()
+    assert sys.modules["slow_to_import"].DONE
+    thread.join(60)
+
+
 def test_preloading_mlflow_also_maps_the_installed_distributions_once():
     """log_model's requirement check maps every installed distribution (about 1.2 s) in each process that logs
     its first model; a warm process has the map already. (A fresh process: MLflow keeps the map in a global.)"""
