@@ -11,7 +11,8 @@ with what its parent had imported. So:
   ``make stack`` do);
 - ``make demo``, which runs every task inside its own process (``dag.test``), imports them on a thread once
   the train task waits for its ranks (``preload_in_background(after=supervisor.WAITING, nice=19)``): its
-  interpreter is idle then, and the thread's low CPU priority leaves the cores to the ranks. Started with
+  interpreter is idle then, and the thread's low CPU priority leaves the cores to the ranks (under Linux's
+  autogroup scheduling, the whole session's while the thread imports: ``session_niceness``). Started with
   Airflow instead, the thread contended with Airflow's start for the interpreter lock (that start took
   twice as long) and then with the ranks for the cores. A task of that process waits until the thread has
   finished importing (``settled``, from ``pipeline.airflow.tasks.task_run``): code that looks a module up in
@@ -24,13 +25,17 @@ that needs it fails as it would have, with its own error.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import threading
 import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+AUTOGROUP = Path("/proc/self/autogroup")  # Linux: this session's scheduling group, "/autogroup-N nice K"
 
 # Held by a background preload while it imports (not while it waits for its event): ``settled`` waits for it.
 _IMPORTING = threading.Lock()
@@ -92,12 +97,41 @@ def preload_in_background(names: list[str] | None = None, *, after: threading.Ev
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
             except (AttributeError, OSError) as exc:  # not every system sets a thread's priority
                 log.debug("preload at normal priority: %s", exc)
-        with _IMPORTING:
+        with _IMPORTING, session_niceness(nice):
             preload(names)
 
     thread = threading.Thread(target=run, name="pipeline-preload", daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def session_niceness(nice: int):
+    """This session's autogroup at niceness ``nice`` while the block runs, then back to what it was.
+
+    Linux with autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default in Debian's
+    and Ubuntu's kernels) shares a core between sessions first and between a session's threads second, so a
+    thread's own niceness yields only to the threads of its own session. torchrun starts each rank in a
+    session of its own: beside two ranks on two cores, a niceness-19 thread of the demo's session still took
+    a third of each core (the ranks' imports 1 s slower). The session's other processes (the shell that
+    started the demo) share its lower weight while the block runs. Nothing happens where there is no autogroup
+    file or it refuses (``nice`` 0: nothing to do)."""
+    before = None
+    if nice > 0:
+        try:
+            before = int(AUTOGROUP.read_text().split()[-1])
+            AUTOGROUP.write_text(str(nice))
+        except (OSError, ValueError, IndexError) as exc:
+            log.debug("session's niceness unchanged: %s", exc)
+            before = None
+    try:
+        yield
+    finally:
+        if before is not None:
+            try:
+                AUTOGROUP.write_text(str(before))
+            except OSError as exc:  # back to 0 or more needs no privilege
+                log.warning("could not set this session's niceness back to %s: %s", before, exc)
 
 
 def settled() -> None:

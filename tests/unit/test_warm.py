@@ -56,17 +56,22 @@ def test_preload_in_background_imports_on_its_own_thread():
     assert "this" in sys.modules
 
 
-def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeypatch):
+def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeypatch, tmp_path):
     """make demo's: nothing imported until the train task waits for its ranks (the supervisor's WAITING),
-    then on a thread whose own niceness is raised, so that the ranks keep the cores."""
+    then on a thread whose own niceness is raised, and its session's while it imports, so that the ranks
+    (each in a session of its own) keep the cores; the session's niceness is set back afterwards."""
     import os
     import threading
 
-    seen: dict[str, int] = {}
+    autogroup = tmp_path / "autogroup"
+    autogroup.write_text("/autogroup-7 nice 0\n")
+    monkeypatch.setattr(warm, "AUTOGROUP", autogroup)
+    seen: dict[str, object] = {}
 
     def preload(names):
         seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         seen["process"] = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
+        seen["session"] = autogroup.read_text()
 
     monkeypatch.setattr(warm, "preload", preload)
     go = threading.Event()
@@ -76,8 +81,40 @@ def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeyp
     go.set()
     thread.join(60)
     base = os.getpriority(os.PRIO_PROCESS, os.getpid())
-    assert seen == {"nice": min(base + 5, 19), "process": base}  # the thread's, not the process's
+    assert seen == {"nice": min(base + 5, 19), "process": base, "session": "5"}  # the thread's, not the process's
+    assert autogroup.read_text() == "0"
 
+
+SESSION = """
+
+from pipeline.airflow import warm
+
+def niceness():
+    return open("/proc/self/autogroup").read().split()[-1]
+
+seen = []
+warm.preload = lambda names: seen.append(niceness())
+warm.preload_in_background(["this"], nice=19).join(60)
+print(seen[0], niceness())
+"""
+
+
+@pytest.mark.skipif(not warm.AUTOGROUP.exists(), reason="no autogroup scheduling on this kernel")
+def test_the_session_is_niced_only_while_the_preload_imports():
+    """On the real /proc/self/autogroup, in a session of its own (this one's is left alone)."""
+    before = warm.AUTOGROUP.read_text()
+    done = subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, timeout=300,
+                          start_new_session=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["19", "0"]
+    assert warm.AUTOGROUP.read_text() == before
+
+
+def test_a_session_niceness_that_cannot_be_set_changes_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(warm, "AUTOGROUP", tmp_path / "missing")
+    with warm.session_niceness(19):
+        pass
+    assert not (tmp_path / "missing").exists()
 
 
 def test_a_task_waits_for_a_preload_that_is_importing(tmp_path, monkeypatch):
