@@ -115,12 +115,16 @@ def session_niceness(nice: int):
     session of its own: beside two ranks on two cores, a niceness-19 thread of the demo's session still took
     a third of each core (the ranks' imports 1 s slower). The session's other processes (the shell that
     started the demo) share its lower weight while the block runs. Nothing happens where there is no autogroup
-    file or it refuses (``nice`` 0: nothing to do)."""
+    file or it refuses, nor where the session's niceness is ``nice`` or more already: another process of the
+    session may have set it and will set it back (two demos started from one shell)."""
     before = None
     if nice > 0:
         try:
             before = int(AUTOGROUP.read_text().split()[-1])
-            AUTOGROUP.write_text(str(nice))
+            if before >= nice:
+                before = None
+            else:
+                AUTOGROUP.write_text(str(nice))
         except (OSError, ValueError, IndexError) as exc:
             log.debug("session's niceness unchanged: %s", exc)
             before = None

@@ -110,6 +110,17 @@ def test_the_session_is_niced_only_while_the_preload_imports():
     assert warm.AUTOGROUP.read_text() == before
 
 
+def test_a_session_already_niced_is_left_as_it_is(monkeypatch, tmp_path):
+    """Two demos from one shell: the second finds the first's 19 and must not set it back to 19 after the first
+    has set it back to 0."""
+    autogroup = tmp_path / "autogroup"
+    autogroup.write_text("/autogroup-7 nice 19\n")
+    monkeypatch.setattr(warm, "AUTOGROUP", autogroup)
+    with warm.session_niceness(19):
+        autogroup.write_text("/autogroup-7 nice 0\n")  # the first demo's preload is done
+    assert autogroup.read_text() == "/autogroup-7 nice 0\n"
+
+
 def test_a_session_niceness_that_cannot_be_set_changes_nothing(monkeypatch, tmp_path):
     monkeypatch.setattr(warm, "AUTOGROUP", tmp_path / "missing")
     with warm.session_niceness(19):
