@@ -117,21 +117,19 @@ def session_niceness(nice: int):
     started the demo) share its lower weight while the block runs. Nothing happens where there is no autogroup
     file or it refuses, nor where the session's niceness is ``nice`` or more already: another process of the
     session may have set it and will set it back (two demos started from one shell)."""
-    before = None
-    if nice > 0:
-        try:
+    before = nice  # nothing to set back
+    try:
+        if nice > 0:
             before = int(AUTOGROUP.read_text().split()[-1])
-            if before >= nice:
-                before = None
-            else:
+            if before < nice:
                 AUTOGROUP.write_text(str(nice))
-        except (OSError, ValueError, IndexError) as exc:
-            log.debug("session's niceness unchanged: %s", exc)
-            before = None
+    except (OSError, ValueError, IndexError) as exc:
+        log.debug("session's niceness unchanged: %s", exc)
+        before = nice
     try:
         yield
     finally:
-        if before is not None:
+        if before < nice:
             try:
                 AUTOGROUP.write_text(str(before))
             except OSError as exc:  # back to 0 or more needs no privilege

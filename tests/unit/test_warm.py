@@ -86,7 +86,6 @@ def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeyp
 
 
 SESSION = """
-
 from pipeline.airflow import warm
 
 def niceness():
