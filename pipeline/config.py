@@ -187,6 +187,11 @@ class RayConfig:
     start_timeout_s: float = config_field(
         600.0, "The job must be running this long after its submission, or the attempt fails as not started.",
         min=1.0)
+    worker_start_timeout_s: float = config_field(
+        60.0, "How long Ray Train waits for every worker of a worker group to start "
+        "(RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, Ray's default 60). An elastic job that has just lost a node first "
+        "tries its old size again, the lost node's CPUs still counted until Ray declares it dead, and restarts on "
+        "the workers that fit only after this.", min=1.0)
     deferrable: bool = config_field(
         False, "TorchrunOperator and @task.torchrun wait in the triggerer while the job runs instead of holding "
         "a worker slot (needs launch.ray.address or the connection: a local cluster lives in the task).")

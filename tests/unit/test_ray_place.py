@@ -38,3 +38,13 @@ def test_secrets_never_travel_in_the_jobs_runtime_env_or_metadata():
     argv = shlex.split(request["entrypoint"])
     assert argv[:3] == ["python", "-m", "pipeline.job.ray.entry"]  # a remote cluster's own interpreter
     assert argv[argv.index("--") + 1:] == ["-m", "pipeline.train", "--config", "/runs/x/train/config.json"]
+
+
+def test_the_worker_group_start_timeout_reaches_ray_trains_controller():
+    request = job_request(Attempt(_spec(), 0), local=False)
+    assert request["runtime_env"]["env_vars"]["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "60"  # Ray's own default
+    spec = _spec()
+    spec = JobSpec(entry=spec.entry, job_dir=spec.job_dir, launch=launch_config(
+        {"kind": "ray", "ray": {"address": "http://ray-head:8265", "worker_start_timeout_s": 12.5}}))
+    assert job_request(Attempt(spec, 0), local=False)["runtime_env"]["env_vars"][
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "12.5"

@@ -73,6 +73,7 @@ def job_request(attempt: Attempt, *, local: bool) -> dict[str, Any]:
     env = {k: v for k, v in attempt.env().items() if not SECRET_NAME.search(k)}
     env["RAY_DEDUP_LOGS"] = "0"  # the ranks' lines differ only in their rank: none may be folded away
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"  # print() stays print(): once per line, with the rank's prefix
+    env["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = f"{spec.launch.ray.worker_start_timeout_s:g}"  # read by the controller
     if local:  # the cluster runs this checkout: its workers import the project from here
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(settings.PROJECT_ROOT)]))
     job = {"launch": dataclasses.asdict(spec.launch), "run_name": run_name(spec), "storage": str(spec.files.checkpoints / "ray"),
