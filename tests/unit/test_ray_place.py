@@ -3,6 +3,7 @@ runtime_env may carry."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
@@ -43,8 +44,7 @@ def test_secrets_never_travel_in_the_jobs_runtime_env_or_metadata():
 def test_the_worker_group_start_timeout_reaches_ray_trains_controller():
     request = job_request(Attempt(_spec(), 0), local=False)
     assert request["runtime_env"]["env_vars"]["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "60"  # Ray's own default
-    spec = _spec()
-    spec = JobSpec(entry=spec.entry, job_dir=spec.job_dir, launch=launch_config(
+    spec = dataclasses.replace(_spec(), launch=launch_config(
         {"kind": "ray", "ray": {"address": "http://ray-head:8265", "worker_start_timeout_s": 12.5}}))
     assert job_request(Attempt(spec, 0), local=False)["runtime_env"]["env_vars"][
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "12.5"
