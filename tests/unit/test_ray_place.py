@@ -1,13 +1,17 @@
 """What the Ray place submits, without a cluster: the job's identity across tries and restarts, and what its
-runtime_env may carry."""
+runtime_env may carry; and how it takes a job's log from the Jobs API's two calls (a stand-in client here:
+tests/unit/test_place_contract.py streams real jobs' logs)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import shlex
 
-from pipeline.job.ray.place import job_request, run_name
+import pytest
+
+from pipeline.job.ray.place import JobLog, job_request, run_name
 from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.supervisor import Attempt
 
@@ -48,3 +52,68 @@ def test_the_worker_group_start_timeout_reaches_ray_trains_controller():
         {"kind": "ray", "ray": {"address": "http://ray-head:8265", "worker_start_timeout_s": 12.5}}))
     assert job_request(Attempt(spec, 0), local=False)["runtime_env"]["env_vars"][
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "12.5"
+
+
+class _JobsAPI:
+    """A job's log through the Jobs API's two calls: the websocket's chunks (then held open, as the Jobs API
+    holds it a second or two after the job's end; or closed; or broken) and the whole log, which by then has
+    lines the stream has not brought."""
+
+    def __init__(self, chunks: list[str], rest: str, *, stream: str = "open"):
+        self.chunks, self.rest, self.stream = chunks, rest, stream
+        self.whole_reads = 0
+        self.sent = asyncio.Event()
+
+    async def tail_job_logs(self, sid: str):
+        for chunk in self.chunks:
+            yield chunk
+        self.sent.set()
+        if self.stream == "broken":
+            raise RuntimeError("connection lost")
+        if self.stream == "open":
+            await asyncio.sleep(3600)
+
+    def get_job_logs(self, sid: str) -> str:
+        self.whole_reads += 1
+        return "".join(self.chunks) + self.rest
+
+
+def _follow_then_finish(jobs: _JobsAPI) -> list[str]:
+    lines: list[str] = []
+
+    async def run():
+        log = JobLog(jobs, "job-1", lines.append)
+        following = asyncio.create_task(log.follow())
+        await jobs.sent.wait()
+        await asyncio.sleep(0)  # the stream's end, where it has one, is taken first
+        await asyncio.to_thread(log.finish)
+        await asyncio.to_thread(log.finish)  # a second finish (the place's stop after its poll) adds nothing
+        following.cancel()
+
+    asyncio.run(run())
+    return lines
+
+
+CHUNKS = ["(RayTrainWorker) [rank 0]: step 0\n[rank 1]: st", "ep 0\n\x1b[32m[rank 0]: step 1\x1b[0m\n"]
+
+
+def test_a_jobs_last_lines_come_from_the_whole_log_without_waiting_for_the_stream_to_close():
+    jobs = _JobsAPI(CHUNKS, "[rank 1]: step 1\nfit() returned\n")
+    assert _follow_then_finish(jobs) == ["(RayTrainWorker) [rank 0]: step 0", "[rank 1]: step 0", "[rank 0]: step 1",
+                                         "[rank 1]: step 1", "fit() returned"]  # each once, in order, uncoloured
+    assert jobs.whole_reads == 1
+
+
+def test_a_stream_that_closed_at_the_jobs_end_brought_every_line():
+    jobs = _JobsAPI([*CHUNKS, "last words, no newline"], "", stream="closed")
+    assert _follow_then_finish(jobs)[-2:] == ["[rank 0]: step 1", "last words, no newline"]
+    assert jobs.whole_reads == 0
+
+
+@pytest.mark.parametrize("rest", ["[rank 1]: step 1\n", ""])
+def test_a_broken_stream_is_said_and_the_whole_log_completes_it(rest):
+    jobs = _JobsAPI(CHUNKS, rest, stream="broken")
+    lines = _follow_then_finish(jobs)
+    assert lines[3] == "(the Ray job's log stream ended: RuntimeError: connection lost)"
+    assert lines[:3] + lines[4:] == ["(RayTrainWorker) [rank 0]: step 0", "[rank 1]: step 0", "[rank 0]: step 1",
+                                     *rest.splitlines()]

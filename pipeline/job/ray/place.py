@@ -10,7 +10,7 @@ the supervisor's policy (``pipeline.job.supervisor``).
   id); variables that look like secrets are left out: the cluster's own environment must provide them.
   Its driver is ``pipeline.job.ray.entry`` (Ray Train over the same entry as a torchrun rank).
 - Logs: the driver's log (every worker's lines, each with its ``[rank N]:`` prefix) is streamed into the
-  task log as it is written.
+  task log as it is written; at the job's end, what the stream has not brought yet is read at once (``JobLog``).
 - Endings: ``stop`` stops the job (``stop_job``, never ``delete_job``, which a running job refuses) and
   waits until it has ended, whatever ended the attempt; ``pipeline.job.ray.guard`` does the same when
   the task process dies unannounced. Ray Train restarts failed workers itself
@@ -106,7 +106,7 @@ class RayPlace:
         self._local: LocalCluster | None = None
         self._current: str | None = None
         self._guard: subprocess.Popen | None = None
-        self._logs: threading.Thread | None = None
+        self._log: JobLog | None = None
         self._lock = threading.Lock()
 
     @property
@@ -151,9 +151,8 @@ class RayPlace:
         self._submitted = time.monotonic()
         self._running = False
         self.submit(attempt, emit)
-        self._logs = threading.Thread(target=asyncio.run, args=(follow_log(self.client, attempt.id, emit),),
-                                      daemon=True, name=f"ray-logs-{attempt.id}")
-        self._logs.start()
+        self._log = JobLog(self.client, attempt.id, emit)
+        threading.Thread(target=asyncio.run, args=(self._log.follow(),), daemon=True, name=f"ray-logs-{attempt.id}").start()
 
     def poll(self) -> Ended | None:
         sid = self._current
@@ -168,8 +167,8 @@ class RayPlace:
         if end is None and not self._running and _status_of(info) == "RUNNING":
             self._emit(f"Ray job {sid} is running")
             self._running = True
-        if end is not None and self._logs is not None:
-            self._logs.join(timeout=10)  # the last lines before the verdict
+        if end is not None and self._log is not None:
+            self._log.finish()  # the last lines before the verdict
         return end
 
     def stop(self, grace_period_s: float) -> None:
@@ -177,13 +176,14 @@ class RayPlace:
             sid, self._current = self._current, None
             guard_proc, self._guard = self._guard, None
             local = self._local
-            if sid is not None and (local is None or local.proc is not None):
+            answers = local is None or local.proc is not None  # a local head that died answers nothing
+            if sid is not None and answers:
                 try:
                     stop_job(self.client, sid, grace_period_s + STOP_TIMEOUT_S)
                 except Exception as exc:
                     log.warning("stopping Ray job %s failed: %s", sid, exc)
-            if self._logs is not None:
-                self._logs.join(timeout=5)
+            if self._log is not None and answers:
+                self._log.finish()  # the job has ended: its last lines
             if local is not None:
                 local.stop()
                 self.address, self._client = None, None
@@ -241,16 +241,56 @@ def stop_job(client, sid: str, timeout_s: float) -> None:
     log.warning("Ray job %s still not ended %gs after stop_job", sid, timeout_s)
 
 
-async def follow_log(client, sid: str, emit: Callable[[str], None]) -> None:
-    """The job's log to its end over the Jobs API's websocket, line by line without Ray's terminal colours.
-    A stream that breaks (the job deleted, the cluster gone) is said in the log: it is not the attempt's end."""
-    pending = ""
-    try:
-        async for chunk in client.tail_job_logs(sid):
-            *lines, pending = (pending + chunk).split("\n")
+class JobLog:
+    """A Ray job's log into ``emit``, line by line without Ray's terminal colours: streamed over the Jobs API's
+    websocket as the driver writes it (``follow``), and once the job has ended completed from the whole log,
+    read once (``finish``), instead of waiting for the stream to close: the Jobs API's tail reads to the end
+    of the file once more after it has seen the job's end, a second or two of sleeps per read. A stream that
+    breaks (the job deleted, the cluster gone) is said in the log: it is not the attempt's end."""
+
+    def __init__(self, client, sid: str, emit: Callable[[str], None]):
+        self.client, self.sid, self.emit = client, sid, emit
+        self._received = 0  # characters of the log taken from the stream
+        self._pending = ""  # the last line, while its end is not yet received
+        self._done = False
+        self._lock = threading.Lock()
+
+    async def follow(self) -> None:
+        try:
+            async for chunk in self.client.tail_job_logs(self.sid):
+                if not self._take(chunk):
+                    return
+        except Exception as exc:  # what it did not bring, ``finish`` reads
+            with self._lock:
+                if not self._done:
+                    self.emit(f"(the Ray job's log stream ended: {type(exc).__name__}: {exc})")
+            return
+        self._take("", last=True)  # the Jobs API closes the stream after the job's end: it brought every line
+
+    def finish(self) -> None:
+        """Emit what the stream has not of the ended job's log (nothing once the stream itself has ended)."""
+        if self._done:
+            return
+        try:
+            text = self.client.get_job_logs(self.sid)
+        except Exception as exc:
+            text = ""
+            self.emit(f"(the Ray job's last log lines could not be read: {type(exc).__name__}: {exc})")
+        self._take(text, whole=True, last=True)
+
+    def _take(self, text: str, *, whole: bool = False, last: bool = False) -> bool:
+        """Emit the complete lines of ``text`` (the next chunk, or with ``whole`` the log from its start);
+        False once the log has been emitted to its end."""
+        with self._lock:
+            if self._done:
+                return False
+            if whole:
+                text = text[self._received:]
+            self._received += len(text)
+            *lines, self._pending = (self._pending + text).split("\n")
+            if last and self._pending:
+                lines.append(self._pending)
+            self._done = last
             for line in lines:
-                emit(ANSI_ESCAPE.sub("", line))
-    except Exception as exc:
-        emit(f"(the Ray job's log stream ended: {type(exc).__name__}: {exc})")
-    if pending:
-        emit(ANSI_ESCAPE.sub("", pending))
+                self.emit(ANSI_ESCAPE.sub("", line))
+            return not self._done

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from pipeline.job.ray.place import STOP_TIMEOUT_S, follow_log, job_end, stop_job
+from pipeline.job.ray.place import STOP_TIMEOUT_S, JobLog, job_end, stop_job
 from pipeline.job.supervisor import Ended
 
 
@@ -25,7 +25,8 @@ class RayJobWatch:
         self.address, self.connection_id, self.submission_id = address, connection_id, submission_id
         self.start_timeout_s, self.created_at, self.log = start_timeout_s, created_at, log
         self._client = None
-        self._logs: asyncio.Task | None = None
+        self._log: JobLog | None = None
+        self._following: asyncio.Task | None = None
 
     async def _jobs_client(self):
         if self._client is None:
@@ -38,20 +39,21 @@ class RayJobWatch:
 
     async def __aenter__(self) -> "RayJobWatch":
         client = await self._jobs_client()
-        self._logs = asyncio.create_task(follow_log(client, self.submission_id, lambda line: self.log.info("%s", line)))
+        self._log = JobLog(client, self.submission_id, lambda line: self.log.info("%s", line))
+        self._following = asyncio.create_task(self._log.follow())
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        if self._logs is not None:
-            self._logs.cancel()
+        if self._following is not None:
+            self._following.cancel()
 
     async def poll(self) -> Ended | None:
         client = await self._jobs_client()
         info = await asyncio.to_thread(client.get_job_info, self.submission_id)
         end = job_end(info, self.submission_id, pending_s=time.time() - self.created_at,
                       start_timeout_s=self.start_timeout_s)
-        if end is not None and self._logs is not None:
-            await asyncio.wait([self._logs], timeout=10)  # the last lines before the event
+        if end is not None and self._log is not None:
+            await asyncio.to_thread(self._log.finish)  # the last lines before the event
         return end
 
     async def stop(self) -> None:
