@@ -444,3 +444,26 @@ def test_a_killed_task_process_leaves_nothing_running(place, tmp_path):
     finally:
         proc.kill()
     assert place.left_behind() == []
+
+
+@pytest.mark.ray
+def test_a_ray_job_left_under_the_attempts_id_is_stopped_and_replaced(ray_address, tmp_path, monkeypatch):
+    """A worker that died left its attempt's Ray job running: the attempt run again stops it and submits its
+    own under the same id, once Ray's job monitor and supervisor actor are done with the old one (a new job
+    under that id before then is failed by the old job's monitor)."""
+    from pipeline.job.ray.cluster import jobs_client
+    from pipeline.job.ray.place import job_request
+    from pipeline.job.supervisor import Attempt
+
+    place = RayContractPlace(tmp_path, monkeypatch, ray_address)
+    client = jobs_client(ray_address)
+    sid = client.submit_job(**{**job_request(Attempt(place.spec("ok"), 0), local=False), "entrypoint": "sleep 600"})
+    deadline = time.monotonic() + 60
+    while str(client.get_job_status(sid).value) != "RUNNING":
+        assert time.monotonic() < deadline, client.get_job_info(sid)
+        time.sleep(0.2)
+    result, lines, _ = run(place, "ok")
+    assert result["restart"] == 0
+    assert any(line.startswith(f"Ray job {sid} exists already (RUNNING") for line in lines), lines
+    assert str(client.get_job_status(sid).value) == "SUCCEEDED"
+    assert place.left_behind() == []

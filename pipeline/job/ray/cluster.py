@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Callable
@@ -117,11 +118,18 @@ class LocalCluster:
 
 def _answers(address: str, token: str | None) -> bool:
     """The head's node is registered and alive (the dashboard answers a little before its raylet does)."""
-    request = urllib.request.Request(f"{address}/api/v0/nodes",
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            nodes = json.loads(response.read())["data"]["result"]["result"]
+        nodes = cluster_state(address, token, "nodes")
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return any(node.get("state") == "ALIVE" for node in nodes)
+
+
+def cluster_state(address: str, token: str | None, resource: str, **equal: str) -> list[dict]:
+    """One of the dashboard's State API lists (``nodes``, ``actors``, ...), filtered on fields' values."""
+    query = urllib.parse.urlencode([("filter_keys", k) for k in equal] + [("filter_predicates", "=")] * len(equal)
+                                   + [("filter_values", v) for v in equal.values()])
+    request = urllib.request.Request(f"{address}/api/v0/{resource}" + (f"?{query}" if query else ""),
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())["data"]["result"]["result"]

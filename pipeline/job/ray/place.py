@@ -35,7 +35,7 @@ from typing import Any, Callable
 from pipeline import settings
 from pipeline.errors import ConfigError
 from pipeline.job import guard
-from pipeline.job.ray.cluster import LocalCluster, jobs_client
+from pipeline.job.ray.cluster import LocalCluster, cluster_state, jobs_client
 from pipeline.job.spec import JobSpec
 from pipeline.job.supervisor import Attempt, Ended
 
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 1.0
 STOP_TIMEOUT_S = 60.0
+RAY_MONITOR_PERIOD_S = 2.0  # twice the period of Ray's job monitor (JobManager.JOB_MONITOR_LOOP_PERIOD_S)
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Never sent in a job's runtime_env (it is stored with the job and shown by the dashboard).
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -123,7 +124,7 @@ class RayPlace:
         if left is not None:
             emit(f"Ray job {sid} exists already ({left}: left by a worker of this attempt that died): replacing it")
             stop_job(self.client, sid, STOP_TIMEOUT_S)
-            self.client.delete_job(sid)
+            release_job_id(self.client, self.address, self.token, sid)
         emit(f"submitting Ray job {sid} to {self.address}: {launch.nnodes * launch.nproc_per_node} Ray Train "
              f"worker(s) of {launch.ray.cpus_per_worker:g} CPU" + (" and 1 GPU" if launch.gpus_per_node else "") + " each")
         self.client.submit_job(**request)
@@ -239,6 +240,24 @@ def stop_job(client, sid: str, timeout_s: float) -> None:
             return
         time.sleep(0.5)
     log.warning("Ray job %s still not ended %gs after stop_job", sid, timeout_s)
+
+
+def release_job_id(client, address: str, token: str | None, sid: str) -> None:
+    """Free the id of the ended job ``sid`` for a new job. Ray's job manager watches each job in a loop of a
+    second (its status, then its supervisor actor), and the supervisor actor writes the job's end before it
+    exits: a job submitted under the same id before that loop has seen the end, or before the actor is gone,
+    is watched by the old loop, which sees the old actor exit and fails the new job ("Job supervisor actor
+    died")."""
+    from ray.dashboard.modules.job.common import JOB_ACTOR_NAME_TEMPLATE
+
+    time.sleep(RAY_MONITOR_PERIOD_S)
+    client.delete_job(sid)
+    name, deadline = JOB_ACTOR_NAME_TEMPLATE.format(job_id=sid), time.monotonic() + STOP_TIMEOUT_S
+    while any(actor["state"] != "DEAD" for actor in cluster_state(address, token, "actors", name=name)):
+        if time.monotonic() > deadline:
+            log.warning("the supervisor actor of Ray job %s still not gone %gs after the job's end", sid, STOP_TIMEOUT_S)
+            return
+        time.sleep(0.2)
 
 
 class JobLog:
