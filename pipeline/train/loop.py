@@ -111,6 +111,7 @@ class _Loop:
         flops = 6.0 * sum(p.numel() for p in self.model.parameters())
         meter = Throughput(world_size=dist.world_size, flops_per_sample=None if self.spec.tokens else flops,
                            flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device))
+        self.meter = meter
         baseline = self._baseline() if not resumed else None
         ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, "
                 f"{'bf16 autocast' if self.use_bf16 else 'fp32'}: {self.data.rows('train')} train rows, "
@@ -174,7 +175,9 @@ class _Loop:
                 periodic = bool(tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0 and mid_epoch)
                 if periodic:
                     self._save(step, epoch, self.train_loader.state_dict(), metrics)
+                checking = time.perf_counter()
                 stopping = preemption.should_stop()  # a collective: the same answer at the same step on every rank
+                meter.spent("preemption_check", time.perf_counter() - checking)
                 if stopping and mid_epoch:
                     if not periodic:
                         self._save(step, epoch, self.train_loader.state_dict(), metrics)
@@ -186,7 +189,9 @@ class _Loop:
                 upcoming = iter(self.train_loader)
             train_metrics = _means(dist, sums, count, "train_")
             ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1, phase="validating", force=True)
+            validating = time.perf_counter()
             metrics = train_metrics | self._validate(step)
+            meter.spent("validation", time.perf_counter() - validating)
             ctx.metrics.log(metrics | {"epoch": epoch + 1}, step=step)
             ctx.log(f"epoch {epoch + 1}/{tc.epochs} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             epoch += 1
@@ -227,7 +232,7 @@ class _Loop:
 
     def _save(self, step: int, epoch: int, loader_state: dict[str, Any] | None, metrics: dict[str, float]) -> None:
         """Every rank contributes its RNG state; rank 0 writes the checkpoint; all wait until it is on disk."""
-        ctx = self.ctx
+        ctx, started = self.ctx, time.perf_counter()
         ctx.heartbeat.beat(step, phase="checkpointing", force=True)
         rng_states = distributed.gather(ctx.dist, capture_rng())
         if ctx.is_main:
@@ -240,6 +245,7 @@ class _Loop:
             path = ctx.checkpoints.save(step, state)
             print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True)
         distributed.barrier(ctx.dist)
+        self.meter.spent("checkpoint", time.perf_counter() - started)
 
     def _stop_preempted(self, preemption: Preemption, step: int) -> NoReturn:
         """Every rank, once the checkpoint of ``step`` is saved: the marker, rank 0's metrics, then the exit."""

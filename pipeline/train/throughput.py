@@ -1,4 +1,5 @@
-"""Step-level throughput: samples/s, tokens/s, step time, data-wait fraction and, on GPUs, MFU."""
+"""Step-level throughput: samples/s, tokens/s, step time, data-wait fraction, the shares of the loop's own
+work (checkpoints, validation, preemption checks) and, on GPUs, MFU."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def peak_flops(device) -> float | None:
 
 
 def _empty() -> dict:
-    return {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "start": time.perf_counter()}
+    return {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "phases": {}, "start": time.perf_counter()}
 
 
 @dataclass
@@ -49,6 +50,12 @@ class Throughput:
         """Time this rank spent blocked on the data loader."""
         self._window["data_s"] += seconds
         self._total["data_s"] += seconds
+
+    def spent(self, phase: str, seconds: float) -> None:
+        """Time this rank spent in ``phase`` of the loop's own work (``checkpoint``, ``validation``,
+        ``preemption_check``), reported as ``<phase>_fraction`` of the elapsed time."""
+        for acc in (self._window, self._total):
+            acc["phases"][phase] = acc["phases"].get(phase, 0.0) + seconds
 
     def step(self, samples: int, tokens: int = 0) -> None:
         """One optimizer step of ``samples`` samples (``tokens`` tokens) on this rank."""
@@ -73,7 +80,7 @@ class Throughput:
             "samples_per_s": acc["samples"] * self.world_size / elapsed,
             "step_time_s": elapsed / max(acc["steps"], 1),
             "data_wait_fraction": min(acc["data_s"] / elapsed, 1.0),
-        }
+        } | {f"{phase}_fraction": min(seconds / elapsed, 1.0) for phase, seconds in acc["phases"].items()}
         if acc["tokens"]:
             figures["tokens_per_s"] = acc["tokens"] * self.world_size / elapsed
         if self.peak_flops_per_s and (self.flops_per_token or self.flops_per_sample):

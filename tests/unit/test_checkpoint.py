@@ -90,3 +90,26 @@ def test_throughput_figures(monkeypatch):
     assert figures["mfu"] == pytest.approx(100 * 1e6 / elapsed / 1e9)
     assert meter.window()["samples_per_s"] == 0  # a new window starts empty
     assert meter.summary()["samples_per_s"] > 0
+
+
+def test_throughput_reports_the_share_of_each_phase_of_the_loops_own_work(monkeypatch):
+    from pipeline.train import throughput
+
+    clock = [1000.0]
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: clock[0])
+    meter = Throughput(world_size=1)
+    meter.spent("checkpoint", 0.1)
+    meter.spent("checkpoint", 0.1)
+    meter.step(samples=10)
+    clock[0] += 1.0
+    first = meter.window()
+    assert first["checkpoint_fraction"] == pytest.approx(0.2)
+    assert "validation_fraction" not in first  # a phase with no time in the window is not reported
+    meter.spent("validation", 0.5)
+    clock[0] += 1.0
+    second = meter.window()
+    assert second["validation_fraction"] == pytest.approx(0.5)
+    assert "checkpoint_fraction" not in second  # the window starts empty
+    total = meter.summary()
+    assert total["checkpoint_fraction"] == pytest.approx(0.2 / 2.0)
+    assert total["validation_fraction"] == pytest.approx(0.5 / 2.0)
