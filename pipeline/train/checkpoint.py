@@ -2,6 +2,8 @@
 
 A checkpoint is written under a temporary name, fsynced, given a completion marker last, and
 renamed into place, so a crash mid-write leaves at most a temporary folder that readers skip.
+``save_in_background`` takes the write off the training's path: the state's tensors are copied to host
+memory at once, and a thread writes the copy while training goes on.
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain Python values
 only, never pickled objects. When the newest checkpoint cannot be read (truncated, damaged), the
 previous complete one is used and the damage is logged.
@@ -14,7 +16,9 @@ import json
 import os
 import re
 import shutil
+import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,7 @@ class CheckpointStore:
             raise ValueError(f"keep={keep}: at least one checkpoint must be kept")
         self.root = Path(root)
         self.keep = keep
+        self._writing: tuple[threading.Thread, dict[str, BaseException]] | None = None
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Write ``state`` as checkpoint ``step`` (call on one rank only) and prune to the last ``keep``.
@@ -54,6 +59,37 @@ class CheckpointStore:
             self._write(step, state, final)
         self._prune()
         return final
+
+    def save_in_background(self, step: int, state: dict[str, Any], *, done: Callable[[Path], None] | None = None) -> None:
+        """``save`` off the caller's path: ``state``'s tensors are copied to host memory now (the caller may
+        change its own at once: the next optimizer step), and a thread writes the copy, then calls ``done``
+        with the checkpoint's folder. One write at a time: a save first waits for the one before it, and
+        raises what that one raised (``OutOfSpace``). Call ``wait`` before anything that needs the
+        checkpoint on disk; a process that ends waits for the thread, so a write under way is finished."""
+        self.wait()
+        copy = _host_copy(state)
+        failure: dict[str, BaseException] = {}
+
+        def write() -> None:
+            try:
+                path = self.save(step, copy)
+                if done is not None:
+                    done(path)
+            except BaseException as exc:  # raised in the caller's thread by the next save or wait
+                failure["error"] = exc
+
+        thread = threading.Thread(target=write, name=f"checkpoint-step-{step}")
+        thread.start()
+        self._writing = (thread, failure)
+
+    def wait(self) -> None:
+        """Until the background write under way, if any, has ended; re-raise its failure here."""
+        if self._writing is None:
+            return
+        (thread, failure), self._writing = self._writing, None
+        thread.join()
+        if "error" in failure:
+            raise failure["error"]
 
     def _write(self, step: int, state: dict[str, Any], final: Path) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -116,6 +152,19 @@ def state_bytes(state: Any) -> int:
     if isinstance(state, (list, tuple)):
         return sum(state_bytes(v) for v in state)
     return 0
+
+
+def _host_copy(state: Any) -> Any:
+    """``state`` with every tensor copied to host memory (nested dicts, lists, tuples); other values as they are."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: _host_copy(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [_host_copy(value) for value in state]
+    if type(state) is tuple:
+        return tuple(_host_copy(value) for value in state)
+    return state
 
 
 def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -203,6 +203,9 @@ class _Loop:
             if epoch < tc.epochs and (stopping or preemption.should_stop(overlap=False)):
                 self._stop_preempted(preemption, step)
         preemption.finish()
+        waiting = time.perf_counter()
+        ctx.checkpoints.wait()  # the last epoch's checkpoint is on disk before the run's end is
+        meter.spent("checkpoint", time.perf_counter() - waiting)
         mark("last_step")
 
         train_wall_s = time.perf_counter() - loop_started
@@ -231,7 +234,9 @@ class _Loop:
         return ctx.finish(result)
 
     def _save(self, step: int, epoch: int, loader_state: dict[str, Any] | None, metrics: dict[str, float]) -> None:
-        """Every rank contributes its RNG state; rank 0 writes the checkpoint; all wait until it is on disk."""
+        """Every rank contributes its RNG state; rank 0 copies the state and writes it in the background,
+        while training goes on (``CheckpointStore.save_in_background``; rank 0 waits for the write before a
+        stop and at the end)."""
         ctx, started = self.ctx, time.perf_counter()
         ctx.heartbeat.beat(step, phase="checkpointing", force=True)
         rng_states = distributed.gather(ctx.dist, capture_rng())
@@ -242,15 +247,15 @@ class _Loop:
                 "scheduler": self.scheduler.state_dict(), "loader": loader_state, "rng": rng_states,
                 "metrics": metrics,
             }
-            path = ctx.checkpoints.save(step, state)
-            print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True)
-        distributed.barrier(ctx.dist)
+            ctx.checkpoints.save_in_background(
+                step, state, done=lambda path: print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True))
         self.meter.spent("checkpoint", time.perf_counter() - started)
 
     def _stop_preempted(self, preemption: Preemption, step: int) -> NoReturn:
         """Every rank, once the checkpoint of ``step`` is saved: the marker, rank 0's metrics, then the exit."""
         ctx = self.ctx
         ctx.heartbeat.beat(step, total=self.total_steps, phase="preempted", force=True)
+        ctx.checkpoints.wait()
         preemption.conclude(rank=ctx.dist.rank, step=step)
         if ctx.is_main:
             ctx.metrics.close()

@@ -25,6 +25,60 @@ def test_keeps_the_last_k_and_loads_the_newest(tmp_path):
     assert latest.step == 30 and torch.equal(latest.state["weights"], torch.full((4,), 30.0))
 
 
+def test_a_background_save_writes_the_state_as_it_was_when_asked(tmp_path):
+    store = CheckpointStore(tmp_path)
+    weights = torch.zeros(4)
+    optimizer_state = {"state": {0: {"exp_avg": torch.ones(3)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    written: list = []
+    store.save_in_background(5, {"model": {"w": weights}, "optimizer": optimizer_state, "rng": (1, (2, 3), None)},
+                             done=written.append)
+    weights += 7.0  # what the next optimizer step does to the live tensors, at once
+    optimizer_state["state"][0]["exp_avg"].mul_(0)
+    store.wait()
+    assert written == [tmp_path / "step-000000005"]
+    state = store.load_latest().state
+    assert torch.equal(state["model"]["w"], torch.zeros(4))
+    assert torch.equal(state["optimizer"]["state"][0]["exp_avg"], torch.ones(3))
+    assert state["optimizer"]["param_groups"] == [{"lr": 0.1, "params": [0]}] and state["rng"] == (1, (2, 3), None)
+
+
+def test_a_background_save_waits_for_the_one_before_and_raises_its_failure(tmp_path, monkeypatch):
+    import threading
+
+    store = CheckpointStore(tmp_path, keep=5)
+    release, order = threading.Event(), []
+    write = store._write
+
+    def slow_write(step, state, final):
+        if step == 1:
+            release.wait(timeout=10)
+            order.append("1 written")
+            raise OSError("the disk went away")
+        write(step, state, final)
+
+    monkeypatch.setattr(store, "_write", slow_write)
+    store.save_in_background(1, _state(1))
+    second = threading.Thread(target=lambda: order.append(_raised(lambda: store.save_in_background(2, _state(2)))))
+    second.start()
+    second.join(timeout=0.5)
+    assert second.is_alive() and order == []  # the second save waits for the first write
+    release.set()
+    second.join(timeout=10)
+    assert order == ["1 written", "OSError: the disk went away"]  # the first's failure, raised by the next save
+    assert [step for step, _ in store.complete()] == []  # nothing of the failed write; the second not begun
+    store.save_in_background(3, _state(3))
+    store.wait()
+    assert [step for step, _ in store.complete()] == [3]
+
+
+def _raised(call) -> str:
+    try:
+        call()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "nothing raised"
+
+
 @pytest.mark.parametrize("damage", ["truncated", "flipped byte", "no marker"])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, damage):
     store = CheckpointStore(tmp_path, keep=3)
