@@ -104,7 +104,7 @@ def main() -> None:
     print(f"median of the {len(ratios)} pairs' ratios (b)/(a) = {statistics.median(ratios):.3f} "
           f"(range {min(ratios):.3f} to {max(ratios):.3f}; target >= 0.97)")
     shares = {phase: statistics.median(run[phase] for run in own) for phase in OWN_WORK}
-    print(f"the pipeline loop's own work, measured inside its runs (median share of rank 0's training time): "
+    print("the pipeline loop's own work, measured inside its runs (median share of rank 0's training time): "
           + ", ".join(f"{phase} {share:.1%}" for phase, share in shares.items())
           + f"; 1 - their sum = {1 - sum(shares.values()):.3f}")
 
