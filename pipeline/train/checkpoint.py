@@ -60,7 +60,8 @@ class CheckpointStore:
         self._prune()
         return final
 
-    def save_in_background(self, step: int, state: dict[str, Any], *, done: Callable[[Path], None] | None = None) -> None:
+    def save_in_background(self, step: int, state: dict[str, Any], *,
+                           done: Callable[[Path], None] | None = None) -> None:
         """``save`` off the caller's path: ``state``'s tensors are copied to host memory now (the caller may
         change its own at once: the next optimizer step), and a thread writes the copy, then calls ``done``
         with the checkpoint's folder. One write at a time: a save first waits for the one before it, and

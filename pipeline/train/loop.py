@@ -109,9 +109,9 @@ class _Loop:
         # Forward + backward of a dense network: 6 FLOPs per parameter per sample, or per token for a
         # language model (attention's own FLOPs left out, as MFU figures usually do).
         flops = 6.0 * sum(p.numel() for p in self.model.parameters())
-        meter = Throughput(world_size=dist.world_size, flops_per_sample=None if self.spec.tokens else flops,
-                           flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device))
-        self.meter = meter
+        meter = self.meter = Throughput(
+            world_size=dist.world_size, flops_per_sample=None if self.spec.tokens else flops,
+            flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device))
         baseline = self._baseline() if not resumed else None
         ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, "
                 f"{'bf16 autocast' if self.use_bf16 else 'fp32'}: {self.data.rows('train')} train rows, "
@@ -175,9 +175,8 @@ class _Loop:
                 periodic = bool(tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0 and mid_epoch)
                 if periodic:
                     self._save(step, epoch, self.train_loader.state_dict(), metrics)
-                checking = time.perf_counter()
-                stopping = preemption.should_stop()  # a collective: the same answer at the same step on every rank
-                meter.spent("preemption_check", time.perf_counter() - checking)
+                with meter.timed("preemption_check"):  # a collective: the same answer at the same step on every rank
+                    stopping = preemption.should_stop()
                 if stopping and mid_epoch:
                     if not periodic:
                         self._save(step, epoch, self.train_loader.state_dict(), metrics)
@@ -189,9 +188,8 @@ class _Loop:
                 upcoming = iter(self.train_loader)
             train_metrics = _means(dist, sums, count, "train_")
             ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1, phase="validating", force=True)
-            validating = time.perf_counter()
-            metrics = train_metrics | self._validate(step)
-            meter.spent("validation", time.perf_counter() - validating)
+            with meter.timed("validation"):
+                metrics = train_metrics | self._validate(step)
             ctx.metrics.log(metrics | {"epoch": epoch + 1}, step=step)
             ctx.log(f"epoch {epoch + 1}/{tc.epochs} " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             epoch += 1
@@ -203,9 +201,8 @@ class _Loop:
             if epoch < tc.epochs and (stopping or preemption.should_stop(overlap=False)):
                 self._stop_preempted(preemption, step)
         preemption.finish()
-        waiting = time.perf_counter()
-        ctx.checkpoints.wait()  # the last epoch's checkpoint is on disk before the run's end is
-        meter.spent("checkpoint", time.perf_counter() - waiting)
+        with meter.timed("checkpoint"):
+            ctx.checkpoints.wait()  # the last epoch's checkpoint is on disk before the run's end is
         mark("last_step")
 
         train_wall_s = time.perf_counter() - loop_started
@@ -237,19 +234,19 @@ class _Loop:
         """Every rank contributes its RNG state; rank 0 copies the state and writes it in the background,
         while training goes on (``CheckpointStore.save_in_background``; rank 0 waits for the write before a
         stop and at the end)."""
-        ctx, started = self.ctx, time.perf_counter()
-        ctx.heartbeat.beat(step, phase="checkpointing", force=True)
-        rng_states = distributed.gather(ctx.dist, capture_rng())
-        if ctx.is_main:
-            state = {
-                "step": step, "epoch": epoch, "world_size": ctx.dist.world_size, "config_digest": self.cfg.digest(),
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "loader": loader_state, "rng": rng_states,
-                "metrics": metrics,
-            }
-            ctx.checkpoints.save_in_background(
-                step, state, done=lambda path: print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True))
-        self.meter.spent("checkpoint", time.perf_counter() - started)
+        ctx = self.ctx
+        with self.meter.timed("checkpoint"):
+            ctx.heartbeat.beat(step, phase="checkpointing", force=True)
+            rng_states = distributed.gather(ctx.dist, capture_rng())
+            if ctx.is_main:
+                state = {
+                    "step": step, "epoch": epoch, "world_size": ctx.dist.world_size,
+                    "config_digest": self.cfg.digest(), "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "loader": loader_state, "rng": rng_states, "metrics": metrics,
+                }
+                ctx.checkpoints.save_in_background(step, state, done=lambda path: print(
+                    f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True))
 
     def _stop_preempted(self, preemption: Preemption, step: int) -> NoReturn:
         """Every rank, once the checkpoint of ``step`` is saved: the marker, rank 0's metrics, then the exit."""

@@ -4,6 +4,7 @@ work (checkpoints, validation, preemption checks) and, on GPUs, MFU."""
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 # Dense bf16 peak FLOP/s per device, by a substring of torch.cuda.get_device_name().
@@ -27,7 +28,7 @@ def peak_flops(device) -> float | None:
 
 
 def _empty() -> dict:
-    return {"steps": 0, "samples": 0, "tokens": 0, "data_s": 0.0, "phases": {}, "start": time.perf_counter()}
+    return {"steps": 0, "samples": 0, "tokens": 0, "phases": {"data_wait": 0.0}, "start": time.perf_counter()}
 
 
 @dataclass
@@ -47,15 +48,23 @@ class Throughput:
     _total: dict = field(default_factory=lambda: _empty())
 
     def data_wait(self, seconds: float) -> None:
-        """Time this rank spent blocked on the data loader."""
-        self._window["data_s"] += seconds
-        self._total["data_s"] += seconds
+        """Time this rank spent blocked on the data loader (``data_wait_fraction``, reported always)."""
+        self.spent("data_wait", seconds)
 
     def spent(self, phase: str, seconds: float) -> None:
-        """Time this rank spent in ``phase`` of the loop's own work (``checkpoint``, ``validation``,
-        ``preemption_check``), reported as ``<phase>_fraction`` of the elapsed time."""
+        """Time this rank spent in ``phase``: the data wait, or the loop's own work (``checkpoint``,
+        ``validation``, ``preemption_check``), reported as ``<phase>_fraction`` of the elapsed time."""
         for acc in (self._window, self._total):
             acc["phases"][phase] = acc["phases"].get(phase, 0.0) + seconds
+
+    @contextmanager
+    def timed(self, phase: str):
+        """``spent(phase, ...)`` of the time the block takes."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent(phase, time.perf_counter() - started)
 
     def step(self, samples: int, tokens: int = 0) -> None:
         """One optimizer step of ``samples`` samples (``tokens`` tokens) on this rank."""
@@ -79,7 +88,6 @@ class Throughput:
         figures = {
             "samples_per_s": acc["samples"] * self.world_size / elapsed,
             "step_time_s": elapsed / max(acc["steps"], 1),
-            "data_wait_fraction": min(acc["data_s"] / elapsed, 1.0),
         } | {f"{phase}_fraction": min(seconds / elapsed, 1.0) for phase, seconds in acc["phases"].items()}
         if acc["tokens"]:
             figures["tokens_per_s"] = acc["tokens"] * self.world_size / elapsed
