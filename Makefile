@@ -18,9 +18,11 @@ $(VENV)/.installed: requirements.txt
 demo: venv
 	$(PY) -m pipeline.dev.demo --recipe $(RECIPE) --launch $(LAUNCH) $(ARGS)
 
+# The suite in LANES pytest-xdist workers side by side (LANES=0: one process); tests/conftest.py groups them.
+LANES ?= 2
 test: venv
 	bash tests/system-packages.sh
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(LANES) --dist loadgroup --no-loadscope-reorder $(ARGS)
 
 # A third-party toolchain's own environment (toolchains/NAME: unsloth, axolotl, llm_foundry; NAME=all for every
 # one), built once per lock into a cache outside the clone (PIPELINE_TOOLCHAIN_CACHE, default ~/.cache/ddp-pipelines).

@@ -64,3 +64,26 @@ def _release_streaming_shared_memory():
             except (BufferError, OSError):  # still mapped by a live array: left to the exit handler
                 continue
             atexit.unregister(obj.cleanup)
+
+
+# make test runs the suite in lanes (pytest-xdist workers, ``--dist loadgroup``). What shares a lane:
+_LANE_ORDER = ("ray", "e2e", "toolchains", "distributed")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a lane, each module runs whole on one worker (its module fixtures are made once), and every Ray test
+    on one worker between them: a Ray test checks that nothing of Ray outlives its cluster (processes, sockets,
+    ``/dev/shm`` entries), which another lane's Ray cluster would break. The slower layers go first, so that
+    the lanes end together rather than one of them running the slowest module last."""
+    if not getattr(config.option, "loadgroup", False):  # what pytest-xdist sets in a worker of --dist loadgroup
+        return
+    for item in items:
+        group = "ray" if item.get_closest_marker("ray") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+    def lane_rank(item: pytest.Item) -> int:
+        return next((rank for rank, name in enumerate(_LANE_ORDER) if item.get_closest_marker(name)),
+                    len(_LANE_ORDER))
+
+    items.sort(key=lane_rank)  # stable: collection order within a rank

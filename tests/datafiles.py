@@ -67,12 +67,15 @@ def read_rows(manifest: dict, cache: Path, split: str | None = None) -> list[dic
     """Every sample of a published version (or one split), read back through StreamingDataset."""
     from streaming import StreamingDataset
 
+    from pipeline.data.shm import registering
+
     rows = []
     for s in [split] if split else ["train", "val", "test"]:
         if not manifest["splits"][s]:
             continue
-        ds = StreamingDataset(remote=str(dataset_dir(manifest) / s), local=str(cache / manifest["version"] / s),
-                              shuffle=False)
+        with registering():
+            ds = StreamingDataset(remote=str(dataset_dir(manifest) / s), local=str(cache / manifest["version"] / s),
+                                  shuffle=False)
         rows += [dict(ds[i], _split=s) for i in range(ds.num_samples)]
     return rows
 
@@ -103,3 +106,21 @@ def png_bad_filter() -> bytes:
 def png_bomb(side: int = 30_000) -> bytes:
     """A PNG of a few hundred bytes whose header claims ``side`` x ``side`` pixels (a decompression bomb)."""
     return _png(side, side, b"\x00" + bytes(side))
+
+
+def open_datasets_in_step(uri: str, cache: str, barrier, rounds: int, results) -> None:
+    """A job of its own (run in a process of its own): opens ``uri``'s train split ``rounds`` times, each at the
+    moment ``barrier`` lets every such job go, keeping every dataset open; puts (errors, prefixes) in
+    ``results``."""
+    from pipeline.data.reading import TrainingData
+
+    keep, errors = [], []
+    for i in range(rounds):
+        data = TrainingData.open([uri], Path(cache) / str(i))
+        barrier.wait()
+        try:
+            keep.append(data.dataset("train", shuffle=False, seed=0))
+        except Exception as exc:  # noqa: BLE001 - what the test reports
+            errors.append(f"{type(exc).__name__}: {exc}")
+    results.put((errors, [d._shm_prefix_int for d in keep]))
+    barrier.wait()  # every job's datasets still open until all have reported

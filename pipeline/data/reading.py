@@ -23,6 +23,7 @@ from pipeline.data import local_path
 from pipeline.data.batch_loader import batch_classes
 from pipeline.data.prep import read_manifest, read_stats
 from pipeline.data.shards import decode_columns
+from pipeline.data.shm import registering
 from pipeline.errors import DataError
 
 
@@ -104,7 +105,8 @@ class TrainingData:
         if not streams:
             raise DataError(f"split {split!r} has no rows in dataset version(s) {self.versions}")
         kind = batch_classes()["BatchDataset"] if batched else StreamingDataset
-        return kind(streams=streams, split=None, shuffle=shuffle, shuffle_seed=seed, batch_size=batch_size)
+        with registering():  # another job on this machine may be registering its own at this moment
+            return kind(streams=streams, split=None, shuffle=shuffle, shuffle_seed=seed, batch_size=batch_size)
 
     def loader(self, split: str, *, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0,
                transform: Callable[[dict[str, Any]], Any]):

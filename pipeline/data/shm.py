@@ -1,19 +1,29 @@
-"""Remove shared memory that dead readers (StreamingDataset in training ranks) left behind, and only that.
+"""StreamingDataset's shared memory on a machine: registered one job at a time, and removed when dead readers
+(training ranks) left it behind, and only then.
 
 StreamingDataset coordinates the ranks of a node through named shared memory (``/dev/shm/000000_locals``
 ...) and file locks in the temp folder. A rank killed with SIGKILL leaves them behind, and the next
 attempt then trips over them. streaming's own ``clean_stale_shared_memory`` unlinks every such name,
 including those of another job running on the same machine; here a segment counts as stale only
 when no live process has it mapped or open.
+
+Registering is streaming's too: every rank looks for the first prefix with no ``NNNNNN_locals``, then the
+node's local leader creates it. Two jobs that do so at once on one machine pick the same prefix, and the
+second one's leader fails (``FileExistsError``). ``registering`` makes them take turns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
+import random
 import re
 import tempfile
+import time
 from pathlib import Path
+from typing import Iterable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +40,7 @@ def clean_stale_shared_memory(shm_dir: Path = SHM_DIR) -> list[str]:
     if not shm_dir.is_dir():
         return []
     segments = [p for p in shm_dir.iterdir() if _SEGMENT.match(p.name)]
-    in_use = _paths_in_use() if segments else set()
+    in_use = paths_in_use() if segments else set()
     removed, live_prefixes = [], set()
     for path in segments:
         if str(path) in in_use:
@@ -56,10 +66,11 @@ def clean_stale_shared_memory(shm_dir: Path = SHM_DIR) -> list[str]:
     return removed
 
 
-def _paths_in_use() -> set[str]:
-    """Every file under /dev/shm that a live process maps or holds open (what this user may see)."""
+def paths_in_use(pids: Iterable[int] | None = None) -> set[str]:
+    """Every file under /dev/shm that a live process (one of ``pids``, when given) maps or holds open (what this
+    user may see)."""
     used: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in filter(str.isdigit, os.listdir("/proc")) if pids is None else map(str, pids):
         try:
             with open(f"/proc/{pid}/maps") as maps:
                 for line in maps:
@@ -73,3 +84,59 @@ def _paths_in_use() -> set[str]:
         except (FileNotFoundError, PermissionError, ProcessLookupError, NotADirectoryError):
             continue
     return used
+
+
+def registration_lock_path() -> Path:
+    # beside streaming's own file locks (NNNNNN_barrier_filelock): where its jobs on this machine look
+    return Path(tempfile.gettempdir()) / "pipeline_streaming_prefix.lock"
+
+
+@contextlib.contextmanager
+def registering() -> Iterator[None]:
+    """Hold this machine's turn to register a StreamingDataset's prefix while the block constructs one.
+
+    The node's local leader takes an exclusive lock (a file beside streaming's own locks) before any rank of
+    the job looks for a free prefix, and gives it back once the dataset is made: another job's leader, waiting
+    for the lock, then sees this job's prefix taken. With ranks, every local leader of the job (one per node)
+    must hold its node's lock before any rank looks: a leader that cannot take it at once lets go, and all
+    try again a little later, so that two jobs sharing nodes never hold one lock each while waiting on the
+    other's."""
+    from streaming.base.world import World
+
+    leader = World.detect().is_local_leader
+    lock = os.open(registration_lock_path(), os.O_RDONLY | os.O_CREAT, 0o666) if leader else None
+    try:
+        while not _all_ranks_agree(_try_lock(lock) if leader else True):
+            if leader:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            time.sleep(random.uniform(0.05, 0.25))
+        yield
+    finally:
+        if lock is not None:
+            os.close(lock)  # releases the lock
+
+
+def _try_lock(lock: int) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if _distributed() else 0))
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _all_ranks_agree(mine: bool) -> bool:
+    """Whether every rank of the job says ``mine`` is true (only this process's answer outside a job)."""
+    if not _distributed():
+        return mine
+    import torch.distributed as dist
+
+    answers: list = [None] * dist.get_world_size()
+    dist.all_gather_object(answers, mine)
+    return all(answers)
+
+
+def _distributed() -> bool:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()

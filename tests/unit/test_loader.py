@@ -271,3 +271,25 @@ def test_the_loaders_transform_runs_ahead_of_the_caller(tabular, tmp_path):
              poll_s=0.005)
     assert sum(len(b["id"]) for b in batches) == tabular["splits"]["train"]
     assert threads == {"read-ahead"}
+
+
+def test_jobs_opening_datasets_at_the_same_moments_each_get_a_prefix_of_their_own(tabular, tmp_path):
+    """streaming's ranks look for the first free shared-memory prefix, then their leader creates it: two jobs
+    doing so at once picked the same one, and one failed with FileExistsError (13 of 30 openings here without
+    ``pipeline.data.shm.registering``)."""
+    import multiprocessing
+
+    from tests.datafiles import open_datasets_in_step
+
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(2), context.Queue()
+    jobs = [context.Process(target=open_datasets_in_step, args=(tabular["uri"], str(tmp_path / f"job{i}"), barrier,
+                                                                 10, results)) for i in range(2)]
+    for job in jobs:
+        job.start()
+    reports = [results.get(timeout=300) for _ in jobs]
+    for job in jobs:
+        job.join(timeout=60)
+    assert [errors for errors, _ in reports] == [[], []]
+    prefixes = [set(p) for _, p in reports]
+    assert len(prefixes[0]) == len(prefixes[1]) == 10 and not prefixes[0] & prefixes[1]
