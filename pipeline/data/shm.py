@@ -86,16 +86,17 @@ def paths_in_use(pids: Iterable[int] | None = None) -> set[str]:
     return used
 
 
-def registration_lock_path() -> Path:
-    # beside streaming's own file locks (NNNNNN_barrier_filelock): where its jobs on this machine look
-    return Path(tempfile.gettempdir()) / "pipeline_streaming_prefix.lock"
+def registration_lock_path(shm_dir: Path = SHM_DIR) -> Path:
+    """Beside the prefixes it guards: one lock per /dev/shm, as streaming's names are (two nodes on one machine,
+    each with a /dev/shm of its own, as in a container or a network namespace, have one each: they share /tmp)."""
+    return (shm_dir if shm_dir.is_dir() else Path(tempfile.gettempdir())) / "pipeline_streaming_prefix.lock"
 
 
 @contextlib.contextmanager
 def registering() -> Iterator[None]:
     """Hold this machine's turn to register a StreamingDataset's prefix while the block constructs one.
 
-    The node's local leader takes an exclusive lock (a file beside streaming's own locks) before any rank of
+    The node's local leader takes an exclusive lock (a file in /dev/shm, beside the prefixes) before any rank of
     the job looks for a free prefix, and gives it back once the dataset is made: another job's leader, waiting
     for the lock, then sees this job's prefix taken. With ranks, every local leader of the job (one per node)
     must hold its node's lock before any rank looks: a leader that cannot take it at once lets go, and all

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from pipeline import stages
-from pipeline.data.shm import paths_in_use
+from pipeline.data.shm import paths_in_use, registration_lock_path
 from pipeline.job.local.place import run_torchrun
 from pipeline.job.ray.cluster import LocalCluster
 from pipeline.job.spec import JobSpec, launch_config
@@ -43,8 +43,10 @@ def _listening(pids: set[int] | None = None) -> set[tuple[str, int]]:
 
 
 def _shm() -> set[str]:
-    # streaming's own segments (NNNNNN_*) belong to the ranks, which the next launch cleans up
-    return {name for name in os.listdir("/dev/shm") if not re.match(r"\d{6}_", name)}
+    # streaming's own segments (NNNNNN_*) belong to the ranks, which the next launch cleans up; so does the lock
+    # that the ranks of jobs on a machine register them under
+    return {name for name in os.listdir("/dev/shm")
+            if not re.match(r"\d{6}_", name) and name != registration_lock_path().name}
 
 
 def _held_by_other_lanes() -> set[str]:

@@ -293,3 +293,58 @@ def test_jobs_opening_datasets_at_the_same_moments_each_get_a_prefix_of_their_ow
     assert [errors for errors, _ in reports] == [[], []]
     prefixes = [set(p) for _, p in reports]
     assert len(prefixes[0]) == len(prefixes[1]) == 10 and not prefixes[0] & prefixes[1]
+
+
+_OPEN_IN_A_JOB = """
+import sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from pipeline.data.reading import TrainingData
+data = TrainingData.open([sys.argv[1]], sys.argv[2])
+print("opening", flush=True)
+dataset = data.dataset("train", shuffle=False, seed=0)
+print("opened", dataset._shm_prefix_int, flush=True)
+dist.barrier()
+"""
+
+
+@pytest.mark.distributed
+def test_the_ranks_of_a_job_wait_while_another_job_registers_its_dataset(tabular, tmp_path):
+    """While another job holds this machine's registration lock, no rank of a 2-rank job looks for a prefix;
+    once it is free, the job opens its dataset (its first rank takes the lock without blocking, and every rank
+    tries again until all of the job's first ranks hold theirs)."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from pipeline.data.shm import registration_lock_path
+
+    script = tmp_path / "open.py"
+    script.write_text(_OPEN_IN_A_JOB)
+    lock = os.open(registration_lock_path(), os.O_RDONLY | os.O_CREAT, 0o666)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                            str(script), tabular["uri"], str(tmp_path / "cache")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: sum(line.startswith("opening") for line in lines) == 2, "both ranks about to open",
+                 timeout_s=120)
+        time.sleep(2)  # the ranks try again every 0.05 to 0.25 s: time enough for a rank that does not wait to open
+        assert not [line for line in lines if line.startswith("opened")], lines
+        os.close(lock)
+        lock = None
+        assert job.wait(timeout=120) == 0, lines
+    finally:
+        if lock is not None:
+            os.close(lock)
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+            job.wait()
+    reader.join(timeout=10)
+    opened = [line.split()[-1] for line in lines if line.startswith("opened")]
+    assert len(opened) == 2 and len(set(opened)) == 1, lines  # both ranks on the prefix their leader made
