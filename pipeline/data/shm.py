@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -105,9 +106,10 @@ def registering() -> Iterator[None]:
     from streaming.base.world import World
 
     leader = World.detect().is_local_leader
+    distributed = _distributed()
     lock = os.open(registration_lock_path(), os.O_RDONLY | os.O_CREAT, 0o666) if leader else None
     try:
-        while not _all_ranks_agree(_try_lock(lock) if leader else True):
+        while not _every_rank_says(_try_lock(lock, wait=not distributed) if leader else True, distributed):
             if leader:
                 fcntl.flock(lock, fcntl.LOCK_UN)
             time.sleep(random.uniform(0.05, 0.25))
@@ -117,17 +119,17 @@ def registering() -> Iterator[None]:
             os.close(lock)  # releases the lock
 
 
-def _try_lock(lock: int) -> bool:
+def _try_lock(lock: int, *, wait: bool) -> bool:
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if _distributed() else 0))
+        fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         return True
     except BlockingIOError:
         return False
 
 
-def _all_ranks_agree(mine: bool) -> bool:
-    """Whether every rank of the job says ``mine`` is true (only this process's answer outside a job)."""
-    if not _distributed():
+def _every_rank_says(mine: bool, distributed: bool) -> bool:
+    """Whether every rank of the job says ``mine`` is true (this process's answer alone outside a job)."""
+    if not distributed:
         return mine
     import torch.distributed as dist
 
@@ -137,7 +139,5 @@ def _all_ranks_agree(mine: bool) -> bool:
 
 
 def _distributed() -> bool:
-    import sys
-
-    dist = sys.modules.get("torch.distributed")
+    dist = sys.modules.get("torch.distributed")  # not imported: no job to agree with
     return dist is not None and dist.is_available() and dist.is_initialized()
