@@ -60,13 +60,15 @@ def bare_first_step(script: Path) -> float:
 
 
 def pipeline_phases(cfg, dataset, job_dir: Path) -> dict[str, float]:
-    from pipeline.job.local.place import run_torchrun
+    from pipeline.job.spec import JobSpec, launch_config
+    from pipeline.job.supervisor import Job
 
     (job_dir / "config.json").parent.mkdir(parents=True, exist_ok=True)
     (job_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
     launched = time.time()
-    result = run_torchrun(["-m", "pipeline.train", "--config", str(job_dir / "config.json"), "--dataset", dataset.uri],
-                          job_dir=job_dir, nproc_per_node=2, emit=lambda line: None)
+    spec = JobSpec(entry=["-m", "pipeline.rank", "--config", str(job_dir / "config.json"), "--dataset", dataset.uri],
+                   job_dir=job_dir, launch=launch_config({"nproc_per_node": 2}))
+    result = Job(spec).run(lambda line: None)
     phases = {name: at - launched for name, at in result["timeline"].items()}
     return phases | {"training_s": result["train_wall_s"]}
 

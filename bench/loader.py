@@ -280,7 +280,7 @@ def _ddp(home: Path, uri: str, path: str, args) -> dict:
 
 
 def _rank_entry(path: str, argv: list[str]) -> None:
-    """One rank of ``_ddp``: ``python -m pipeline.train ARGV``, its loader on the batch or the per-sample path."""
+    """One rank of ``_ddp``: ``python -m pipeline.rank ARGV``, its loader on the batch or the per-sample path."""
     import runpy
 
     sys.path.insert(0, str(ROOT))
@@ -288,8 +288,8 @@ def _rank_entry(path: str, argv: list[str]) -> None:
         from pipeline.data.reading import TrainingData
 
         TrainingData.loader = TrainingData.sample_loader
-    sys.argv = ["pipeline.train", *argv]
-    runpy.run_module("pipeline.train", run_name="__main__", alter_sys=True)
+    sys.argv = ["pipeline.rank", *argv]
+    runpy.run_module("pipeline.rank", run_name="__main__", alter_sys=True)
 
 
 def _drain(loader, batches: int | None = None) -> None:

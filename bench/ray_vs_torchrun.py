@@ -78,7 +78,7 @@ def main() -> None:
             folder = home / "runs" / name
             folder.mkdir(parents=True)
             (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
-            spec = JobSpec(entry=["-m", "pipeline.train", "--config", str(folder / "config.json"),
+            spec = JobSpec(entry=["-m", "pipeline.rank", "--config", str(folder / "config.json"),
                                   *(arg for uri in dataset.uris for arg in ("--dataset", uri))],
                            job_dir=folder, launch=cfg.launch, name=f"bench-{name}",
                            labels={"dag_id": "bench", "run_id": name, "task_id": "train", "try_number": "1"})

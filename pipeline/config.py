@@ -238,6 +238,15 @@ class LaunchConfig:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
+    def __post_init__(self) -> None:
+        # The rules between fields, checked once here: a place is never handed settings it cannot run.
+        if self.min_nnodes > self.nnodes:
+            raise ConfigError(f"launch.min_nnodes={self.min_nnodes}: expected at most launch.nnodes={self.nnodes} "
+                              f"(0 for a job of exactly nnodes nodes)")
+        if self.kind == "local" and self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError(f"launch.nnodes={self.nnodes} with the local launcher needs launch.rdzv_endpoint "
+                              f"(HOST:PORT of the c10d rendezvous that every node's launcher joins)")
+
     @property
     def deferrable(self) -> bool:
         """Whether the place of ``kind`` waits in Airflow's triggerer (its section's ``deferrable``)."""
@@ -296,8 +305,13 @@ class PipelineConfig:
                 raise ConfigError(f"{name}={value!r}: expected one of this recipe's metrics {sorted(self.METRICS)}")
 
     def to_dict(self) -> dict[str, Any]:
-        """The one serialized form (Params, the ranks' config file, MLflow), carrying its recipe's name."""
+        """The one serialized form, ``launch`` included (Params, overrides), carrying its recipe's name."""
         return ({"recipe": self.RECIPE} if self.RECIPE else {}) | dataclasses.asdict(self)
+
+    def what(self) -> dict[str, Any]:
+        """What is trained, apart from where it runs: ``to_dict`` less ``launch``. The digest, the MLflow params and
+        the ranks' config file are made of it, so a run moved to another namespace, image or rank count keeps its lineage."""
+        return {key: value for key, value in self.to_dict().items() if key != "launch"}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> PipelineConfig:
@@ -327,26 +341,26 @@ class PipelineConfig:
         return type(self).from_dict(merged)
 
     def digest(self) -> str:
-        """Short content hash of the config, for lineage tags and cache keys."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        """Short content hash of what is trained (``what``), for lineage tags and checkpoints."""
+        blob = json.dumps(self.what(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def flat(self) -> dict[str, Any]:
-        """Every field as a dotted key (``model.depth``): what MLflow records as the run's params."""
+        """Every field as a dotted key (``model.depth``), ``launch`` included: what the Params form maps to."""
         return flatten(self.to_dict())
 
     def as_params(self) -> dict[str, str]:
-        """The config as MLflow params: dotted keys, text as is, other values as JSON (``from_flat`` reads them)."""
-        return {key: value if isinstance(value, str) else json.dumps(value) for key, value in self.flat().items()}
+        """``what`` as MLflow params: dotted keys, text as is, other values as JSON (``from_flat`` reads them)."""
+        return {key: value if isinstance(value, str) else json.dumps(value) for key, value in flatten(self.what()).items()}
 
     @classmethod
     def from_flat(cls, params: dict[str, str]) -> PipelineConfig:
-        """The config back from MLflow params (dotted keys, values as text: ``as_params``)."""
+        """The config back from MLflow params (dotted keys, values as text: ``as_params``), ``launch`` at its defaults."""
         defaults = cls().flat()
         overrides = {}
         for key, text in params.items():
             if key not in defaults:
-                continue  # params the pipeline adds beside the config (launch.world_size)
+                continue  # params that are no config field (launch.world_size, of older runs)
             try:
                 value = json.loads(text)
             except (TypeError, json.JSONDecodeError):

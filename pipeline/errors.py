@@ -1,18 +1,12 @@
 """The two kinds of failure: a user's mistake (do not retry) and an infrastructure fault (retry).
 
-The kind survives the process boundary: a rank that raises a ``UserError`` writes it to
-``$PIPELINE_ERROR_DIR/rank-R.json`` (``user_errors_reported``) before it dies; the launcher finds the
-file and raises ``RankUserError``, so neither torchrun restarts nor Airflow retries follow.
+The kind survives the process boundary: a rank that raises a ``UserError`` reports it in the job folder
+before it dies (``pipeline.job_files.user_errors_reported``); the launcher finds it and raises ``RankUserError``,
+so neither a restart nor an Airflow retry follows (``pipeline.job.policy``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-from pathlib import Path
-
-ERROR_DIR_ENV = "PIPELINE_ERROR_DIR"
 
 
 class PipelineError(Exception):
@@ -88,38 +82,3 @@ class NotStarted(TrainingFailed):
     """An attempt never got running (unschedulable, an image that cannot be pulled, a start-up limit)."""
 
     restartable = False
-
-
-@contextlib.contextmanager
-def user_errors_reported():
-    """In a rank: record a ``UserError`` escaping the block where the launcher looks, then re-raise it."""
-    try:
-        yield
-    except UserError as exc:
-        directory = os.environ.get(ERROR_DIR_ENV)
-        if directory:
-            rank = os.environ.get("RANK", "0")
-            path = Path(directory) / f"rank-{rank}.json"
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"rank": int(rank), "type": type(exc).__name__, "message": str(exc)}))
-                os.replace(tmp, path)
-            except OSError as report_failed:  # a disk with not even a few bytes free: the error itself still shows
-                print(f"could not report the {type(exc).__name__} to the launcher ({report_failed}); the attempt "
-                      f"will look like an infrastructure failure", flush=True)
-        raise
-
-
-def reported_user_error(directory: Path) -> RankUserError | None:
-    """The user error a rank reported in ``directory`` (the lowest rank's), if any."""
-    found = []
-    for path in Path(directory).glob("rank-*.json"):
-        try:
-            found.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    if not found:
-        return None
-    first = min(found, key=lambda e: e["rank"])
-    return RankUserError(f"rank {first['rank']}: {first['type']}: {first['message']}")

@@ -68,6 +68,8 @@ def _release_streaming_shared_memory():
 
 # make test runs the suite in lanes (pytest-xdist workers, ``--dist loadgroup``). What shares a lane:
 _LANE_ORDER = ("ray", "e2e", "toolchains", "distributed")
+# Then, of the tests none of those markers names, the layer whose tests start processes (tests/unit/ starts none).
+_PROCESS_LAYER = "tests/integration/"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -83,7 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(group))
 
     def lane_rank(item: pytest.Item) -> int:
-        return next((rank for rank, name in enumerate(_LANE_ORDER) if item.get_closest_marker(name)),
-                    len(_LANE_ORDER))
+        unmarked = len(_LANE_ORDER) + (0 if item.nodeid.startswith(_PROCESS_LAYER) else 1)
+        return next((rank for rank, name in enumerate(_LANE_ORDER) if item.get_closest_marker(name)), unmarked)
 
     items.sort(key=lane_rank)  # stable: collection order within a rank

@@ -29,6 +29,17 @@ def table(rows: int = 600, seed: int = 0) -> pa.Table:
     })
 
 
+def eight_bad_rows() -> pa.Table:
+    """``table()`` with 8 bad rows: NaN in ``a`` at rows 3, 50, 51, 300, 599 and the label ``bird`` at 10, 20, 30."""
+    t = table()
+    a = t.column("a").to_numpy().copy()
+    a[[3, 50, 51, 300, 599]] = np.nan
+    labels = t.column("label").to_pylist()
+    for i in (10, 20, 30):
+        labels[i] = "bird"
+    return t.set_column(0, "a", pa.array(a)).set_column(3, "label", pa.array(labels))
+
+
 def write_parquet(path: Path, t: pa.Table, row_group_size: int = 100) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(t, path, row_group_size=row_group_size)
@@ -124,3 +135,69 @@ def open_datasets_in_step(uri: str, cache: str, barrier, rounds: int, results) -
             errors.append(f"{type(exc).__name__}: {exc}")
     results.put((errors, [d._shm_prefix_int for d in keep]))
     barrier.wait()  # every job's datasets still open until all have reported
+
+
+def numbered_rows(tmp: Path, rows: int = 700) -> dict:
+    """The manifest of a published version of ``table`` with an ``id`` column (0, 1, ...), in tiny shards: many
+    of them."""
+    from pipeline.data import prep
+
+    write_parquet(tmp / "in.parquet", table(rows).append_column("id", pa.array(np.arange(rows))))
+    return prep.prepare(cfg(tmp / "in.parquet"), name="t", out_root=tmp / "out")
+
+
+def as_columns(columns):
+    return columns  # the identity transform: batches as decoded columns (module level: picklable)
+
+
+def assert_same_batches(fast: list[dict], slow: list[dict]) -> None:
+    assert len(fast) == len(slow)
+    for i, (a, b) in enumerate(zip(fast, slow)):
+        assert list(a) == list(b), f"batch {i}: columns {list(a)} != {list(b)}"
+        for name in a:
+            x, y = a[name], b[name]
+            assert (x.dtype, x.shape) == (y.dtype, y.shape), \
+                f"batch {i} column {name}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}"
+            assert np.array_equal(x, y), f"batch {i} column {name} differs"
+
+
+def both_paths(data, tmp_path: Path, split: str = "train", **kwargs) -> tuple[list[dict], list[dict]]:
+    """Every batch of one epoch of ``data`` (a TrainingData) through the batch path and through the per-sample
+    path."""
+    from pipeline.data.reading import TrainingData
+
+    fast = list(data.loader(split, transform=as_columns, **kwargs))
+    slow_data = TrainingData.open([str(d) for d in data.dirs], tmp_path / "slow-cache")
+    slow = list(slow_data.sample_loader(split, transform=as_columns, **kwargs))
+    return fast, slow
+
+
+def _ids_of(columns):
+    return columns["id"].tolist()  # not a dict of arrays: the loader counts samples itself
+
+
+def check_mid_epoch_resume(manifest: dict, tmp_path: Path, num_workers: int) -> None:
+    """A loader over ``numbered_rows``'s train split stopped after 7 batches and resumed from its state in a
+    fresh loader delivers exactly the remaining samples, in the uninterrupted epoch's order."""
+    from pipeline.data.reading import TrainingData
+
+    def ids(batches) -> list[int]:
+        return [int(i) for b in batches for i in b]
+
+    kwargs = dict(batch_size=16, shuffle=True, seed=5, transform=_ids_of, num_workers=num_workers)
+    data = TrainingData.open([manifest["uri"]], tmp_path / "a")
+    whole = list(data.loader("train", **kwargs))
+    first = data.loader("train", **kwargs)
+    taken = []
+    for i, batch in enumerate(first):
+        taken.append(batch)
+        if i == 6:
+            break
+    state = first.state_dict()
+    assert state["sample_in_epoch"] == 7 * 16
+
+    again = TrainingData.open([manifest["uri"]], tmp_path / "b").loader("train", **kwargs)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert ids(taken) + ids(rest) == ids(whole)  # none missing, none twice, in the same order
+    assert len(set(ids(whole))) == manifest["splits"]["train"]

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.train.progress import read_heartbeats
+from pipeline.job_files import read_heartbeats
 
 
 def when_checkpoint(out: Path, action, min_step: int) -> threading.Thread:

@@ -340,7 +340,7 @@ def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: 
     if not cluster.alive(job):
         return
     if preempt_first and job["metadata"]["name"].endswith("-r0"):
-        from pipeline.train.progress import PREEMPTED_EXIT_CODE, mark_preempted
+        from pipeline.job_files import PREEMPTED_EXIT_CODE, mark_preempted
 
         mark_preempted(Path(env["PIPELINE_PROGRESS_DIR"]), rank=0, step=7)
         for key in pods:

@@ -12,9 +12,10 @@ asset-triggered one) and again where it re-reads them (a new DAG version, a clea
 
 It runs inside the scheduler's transaction, so it is cheap and never raises: no torch, no MLflow, no
 database access (Airflow forbids a commit there). A conf that does not make a valid config leaves the
-DAG's default slots; the task itself then fails with the config error. Only recipe DAGs (``dag_id`` a
-recipe's name, as ``recipe_dag`` makes them) are touched: a script DAG's ranks are fixed when its file
-is parsed (``TorchrunOperator``'s launch arguments), so its parse-time slots already are each run's.
+DAG's default slots; the task itself then fails with the config error. Only a recipe's train task is
+touched, known by what it is, not by its DAG's or its own id: a ``TrainOperator`` (``pipeline.airflow.tasks``)
+of a registered recipe, in whatever DAG it was put. A script DAG's ranks are fixed when its file is parsed
+(``TorchrunOperator``'s launch arguments), so its parse-time slots already are each run's.
 """
 
 from __future__ import annotations
@@ -24,17 +25,19 @@ import logging
 from functools import lru_cache
 from typing import Any
 
-TRAIN_TASK_ID = "train"
+# ``TrainOperator``'s task_type (its class's name), which Airflow serializes with every task: the scheduler
+# holds the serialized task, not the class, and importing the operators here would load the task SDK.
+TRAIN_OPERATOR = "TrainOperator"
 
 log = logging.getLogger(__name__)
 
 
 def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None:
-    """Set a recipe DAG's ``train`` instance's ``pool_slots`` to its run's ranks; leave anything else."""
-    if dag_run is None or task_instance.task_id != TRAIN_TASK_ID:
+    """Set a recipe train task's instance's ``pool_slots`` to its run's ranks; leave anything else."""
+    if dag_run is None:
         return  # no run yet (a TaskInstance being constructed): Airflow calls again with it
     try:
-        recipe = recipe_of(task_instance.dag_id)
+        recipe = recipe_of(getattr(task_instance, "task", None))
         if recipe is None:
             return
         params = run_params(_dag_of(task_instance, dag_run), dag_run.conf, recipe)
@@ -48,11 +51,15 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None
         task_instance.pool_slots = slots
 
 
-def recipe_of(dag_id: str) -> str | None:
-    """The recipe whose DAG ``dag_id`` is (``recipe_dag`` names a DAG after its recipe), or None."""
+def recipe_of(task: Any) -> str | None:
+    """The recipe ``task`` trains when it is a recipe's train task, else None: a ``TrainOperator`` (by its
+    serialized ``task_type``) whose ``recipe``, which it adds to its serialized fields, is a registered one."""
+    if getattr(task, "task_type", None) != TRAIN_OPERATOR:
+        return None
     from pipeline.recipes import registry
 
-    return dag_id if dag_id in registry() else None
+    recipe = getattr(task, "recipe", None)
+    return recipe if recipe in registry() else None
 
 
 def train_pool_slots(recipe: str, params: dict[str, Any]) -> int:

@@ -1,5 +1,6 @@
 """Airflow connections the pipeline reads: MLflow's (``PIPELINE_MLFLOW_CONN_ID``, default ``mlflow_default``)
-and the clusters of the Kubernetes and Ray places (the only lookups the job layer asks of Airflow)."""
+and the clusters of the Kubernetes and Ray places, handed to the job layer as ``AirflowClusters`` (the job layer
+never looks a connection up itself)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,16 @@ def ray_connection(connection_id: str) -> tuple[str | None, str | None]:
         return None, token
     host = conn.host if "://" in conn.host else f"{conn.schema or 'http'}://{conn.host}"
     return f"{host}:{conn.port or 8265}", token
+
+
+class AirflowClusters:
+    """The clusters' access for the places (``pipeline.job.places.Clusters``), through Airflow's connections."""
+
+    def kubernetes_client(self, connection_id: str):
+        return kubernetes_client(connection_id)
+
+    def kubernetes_async(self, connection_id: str):
+        return kubernetes_async_connection(connection_id)
+
+    def ray(self, connection_id: str) -> tuple[str | None, str | None]:
+        return ray_connection(connection_id)

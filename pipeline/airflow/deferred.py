@@ -3,10 +3,9 @@ Airflow's triggerer, so that no worker slot waits for the job.
 
 ``start`` (on a worker) prepares the job folder as every attempt does, submits the attempt to the place
 and defers to ``AttemptTrigger``; ``complete`` (on a worker again) tears the attempt down whatever the
-event says, then applies ``pipeline.job.supervisor.outcome``: rank 0's result, a user error (the
-operator fails without retries), a replacement attempt while ``launch.max_restarts`` allows (deferred in
-its turn), or the failure (retryable). A place defers when it has ``submit``, ``handle``, ``teardown``
-and an async ``watch``.
+event says, then asks the one restart decision (``pipeline.job.policy.decide``): rank 0's result, a user error
+(the operator fails without retries), a replacement attempt while ``launch.max_restarts`` allows (deferred in
+its turn), or the failure (retryable). Only a ``pipeline.job.places.DeferrablePlace`` defers.
 """
 
 from __future__ import annotations
@@ -14,33 +13,19 @@ from __future__ import annotations
 import time
 from typing import Any, NoReturn
 
-from pipeline.errors import ConfigError
-from pipeline.job.spec import JobSpec
-from pipeline.job.supervisor import (
-    METRICS_FLUSH_TIMEOUT_S,
-    Attempt,
-    Ended,
-    begin_attempt,
-    max_restarts,
-    outcome,
-    place_for,
-)
-
-
-def deferrable_place(spec: JobSpec):
-    place = place_for(spec)
-    if not hasattr(place, "watch"):
-        raise ConfigError(f"launch.kind={spec.launch.kind!r} cannot defer: it runs the ranks as children of the "
-                          f"task's own process")
-    return place
+from pipeline.airflow.connections import AirflowClusters
+from pipeline.job.places import deferrable_place
+from pipeline.job.policy import Ended, Findings, decide
+from pipeline.job.spec import Attempt, JobSpec
+from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S, restarts_allowed
 
 
 def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
     from pipeline.airflow.trigger import AttemptTrigger
 
     attempt = Attempt(spec, restart)
-    place = deferrable_place(spec)
-    begin_attempt(attempt)
+    place = deferrable_place(spec, AirflowClusters())
+    spec.files.begin_attempt(restart)
     place.submit(attempt, operator.log.info)
     operator.log.info("waiting in the triggerer for attempt %d of %s", restart + 1, spec.name)
     operator.defer(
@@ -59,19 +44,19 @@ def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, st
     from pipeline.registry.relay import flushed
 
     attempt = Attempt(spec, restart)
-    place = deferrable_place(spec)
+    place = deferrable_place(spec, AirflowClusters())
     place.teardown(attempt, spec.launch.grace_period_s)
     operator.log.info("attempt %d of %s torn down", restart + 1, spec.name)
     metrics = flushed(spec, metrics_flush_timeout_s, operator.log.info)
-    error = outcome(Ended(str(event.get("status")), str(event.get("message", ""))), attempt)
-    if error is None:
+    end = Ended(str(event.get("status")), str(event.get("message", "")))
+    decision = decide(end, Findings.read(spec.files, attempt.log_dir), restart=restart,
+                      max_restarts=restarts_allowed(place, spec))
+    if decision.action == "finish":
         return metrics.into(spec.files.read_result())
-    restarts = max_restarts(place, spec.launch)
-    if getattr(error, "restartable", False) and restart < restarts:
-        operator.log.info("%s; restarting every rank (%d of %d); training resumes from its last checkpoint",
-                          str(error).splitlines()[0], restart + 1, restarts)
+    if decision.action == "restart":
+        operator.log.info("%s", decision.notice)
         start(operator, spec, restart=restart + 1, started=started)
-    raise error
+    raise decision.error
 
 
 def _metrics(spec: JobSpec) -> dict[str, str] | None:

@@ -39,7 +39,7 @@ class TorchrunOperator(BaseOperator):
     ``nnodes``, ``max_restarts``, ``stall_timeout_s``, ``timeout_s``, ``grace_period_s``, ``kind``, ...),
     validated by the same rules. Returns the JSON that rank 0 wrote to ``$PIPELINE_RESULT_FILE``, if
     it wrote one, with the job's wall time and folder. A ``UserError`` raised in a rank (reported by
-    ``pipeline.errors.user_errors_reported``) fails the task without retries.
+    ``pipeline.job_files.user_errors_reported``) fails the task without retries.
     """
 
     template_fields: Sequence[str] = ("entry", "env")
@@ -64,16 +64,17 @@ class TorchrunOperator(BaseOperator):
         self._job = None
 
     def _spec(self, context):
-        from pipeline.job.spec import JobFiles, JobSpec
+        from pipeline.job.spec import JobSpec, resolve
+        from pipeline.job_files import JobFiles
 
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
         folder = job_dir(ti.dag_id, ti.run_id, ti.task_id, map_index)
-        return JobSpec(entry=[JobFiles(folder).expand(arg) for arg in self.entry], job_dir=folder, launch=self.launch,
+        return resolve(JobSpec(entry=[JobFiles(folder).expand(arg) for arg in self.entry], job_dir=folder, launch=self.launch,
                        no_python=self.no_python, toolchain=self.toolchain, env=self.env,
                        name=f"{ti.dag_id}-{ti.task_id}-{ti.try_number}", try_number=ti.try_number,
                        labels={"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
-                               "map_index": str(map_index), "try_number": str(ti.try_number)})
+                               "map_index": str(map_index), "try_number": str(ti.try_number)}))
 
     def execute(self, context) -> Any:
         started = time.time()
@@ -83,11 +84,12 @@ class TorchrunOperator(BaseOperator):
                 from pipeline.airflow.deferred import start as defer_attempt
 
                 defer_attempt(self, spec, restart=0, started=started)
+            from pipeline.airflow.connections import AirflowClusters
             from pipeline.job.supervisor import Job
             from pipeline.registry import tracking_server
 
             with tracking_server.for_ranks(spec) as spec:
-                self._job = Job(spec, metrics_flush_timeout_s=self.metrics_flush_timeout_s)
+                self._job = Job(spec, clusters=AirflowClusters(), metrics_flush_timeout_s=self.metrics_flush_timeout_s)
                 result = self._job.run(emit=self.log.info)
             return self._result(context, spec, result, time.time() - started)
 
@@ -171,12 +173,12 @@ def _decorated_operator_class() -> type:
                 payload, result = folder / "function.pkl", folder / "return_value.pkl"
                 payload.write_bytes(_pickle_call(self.python_callable, list(self.op_args), dict(kwargs)))
                 result.unlink(missing_ok=True)
-                self.entry = ["-m", "pipeline.job.function", str(payload), str(result)]
+                self.entry = ["-m", "pipeline.train.function", str(payload), str(result)]
                 TorchrunOperator.execute(self, context)  # defers with launch.<kind>.deferrable
                 return self._return_value(context)
 
             def execute_complete(self, context, event, restart, started) -> Any:
-                self.entry = ["-m", "pipeline.job.function", *(str(self._folder(context) / name)
+                self.entry = ["-m", "pipeline.train.function", *(str(self._folder(context) / name)
                                                                   for name in ("function.pkl", "return_value.pkl"))]
                 TorchrunOperator.execute_complete(self, context, event, restart, started)
                 return self._return_value(context)

@@ -7,8 +7,7 @@ from typing import Any, Callable, Sequence
 
 from pipeline.config import PipelineConfig
 from pipeline.airflow.connections import mlflow_connection, mlflow_env_from_connection
-from pipeline.errors import UserError
-from pipeline.airflow.operator import TorchrunOperator
+from pipeline.airflow.operator import TorchrunOperator, user_errors_fail
 from pipeline.results import Result, from_xcom_as
 from pipeline.stages.run import RunInfo
 
@@ -23,15 +22,12 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
     says what to change.
     """
     from airflow.sdk import get_current_context
-    from airflow.sdk.exceptions import AirflowFailException
 
     context = get_current_context()
     run = task_run(context)
-    try:
+    with user_errors_fail():
         cfg = config_from_params(dict(context["params"]))
         outcome = stage(cfg, run, *typed_args(stage, args))
-    except UserError as exc:
-        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
     return outcome.to_xcom() if isinstance(outcome, Result) else outcome
 
 
@@ -61,6 +57,12 @@ class TrainOperator(TorchrunOperator):
     def __init__(self, *, recipe: str, prepared: Any, **kwargs: Any):
         super().__init__(entry=[], **kwargs)
         self.recipe, self.prepared = recipe, prepared
+
+    @classmethod
+    def get_serialized_fields(cls):
+        # The serialized DAG keeps the recipe: the scheduler's admission policy sizes this task by the run's
+        # config of that recipe (pipeline.airflow.admission), whatever the DAG is called.
+        return super().get_serialized_fields() | {"recipe"}
 
     def _spec(self, context):
         from pipeline import stages

@@ -1,6 +1,6 @@
 """``AttemptTrigger``: the supervisor's wait for one attempt, in Airflow's triggerer (a deferred task).
 
-It runs the place's async watch (``Place.watch``: a class path; its ``poll`` and ``stop``) and the same
+It runs the place's async watch (``DeferrablePlace.watch``: a class path; its ``poll`` and ``stop``) and the same
 ``Watchdog`` as the worker (the run timeout; the stall clock where the triggerer can read the job
 folder's heartbeats), and fires one event with how the attempt ended. The task then resumes on a worker
 (``pipeline.airflow.deferred.complete``), which tears the attempt down and applies the policy. When a
@@ -11,7 +11,6 @@ attempt is stopped there. A triggerer restart does not call it: the trigger resu
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -39,8 +38,10 @@ class AttemptTrigger(BaseTrigger):
             "created_at": self.created_at, "poll_s": self.poll_s, "metrics": self.metrics})
 
     def _watcher(self):
-        module, _, attr = self.watch.partition(":")
-        return getattr(importlib.import_module(module), attr)(**self.handle, created_at=self.created_at, log=self.log)
+        from pipeline.airflow.connections import AirflowClusters
+        from pipeline.job.places import watch_for
+
+        return watch_for(self.watch, self.handle, clusters=AirflowClusters(), created_at=self.created_at, log=self.log)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         watchdog = Watchdog(timeout_s=self.timeout_s, stall_timeout_s=self.stall_timeout_s,

@@ -94,7 +94,7 @@ def registration_lock_path(shm_dir: Path = SHM_DIR) -> Path:
 
 
 @contextlib.contextmanager
-def registering() -> Iterator[None]:
+def registering(lock_path: Path | None = None) -> Iterator[None]:
     """Hold this machine's turn to register a StreamingDataset's prefix while the block constructs one.
 
     The node's local leader takes an exclusive lock (a file in /dev/shm, beside the prefixes) before any rank of
@@ -102,12 +102,13 @@ def registering() -> Iterator[None]:
     for the lock, then sees this job's prefix taken. With ranks, every local leader of the job (one per node)
     must hold its node's lock before any rank looks: a leader that cannot take it at once lets go, and all
     try again a little later, so that two jobs sharing nodes never hold one lock each while waiting on the
-    other's."""
+    other's. ``lock_path`` is ``registration_lock_path()`` unless given (the tests hold a lock of their own)."""
     from streaming.base.world import World
 
     leader = World.detect().is_local_leader
     distributed = _distributed()
-    lock = os.open(registration_lock_path(), os.O_RDONLY | os.O_CREAT, 0o666) if leader else None
+    path = registration_lock_path() if lock_path is None else lock_path
+    lock = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666) if leader else None
     try:
         while not _every_rank_says(_try_lock(lock, wait=not distributed) if leader else True, distributed):
             if leader:

@@ -1,84 +1,25 @@
-"""The job contract: one job spec, the job folder every rank and the supervisor share, and the registry
-of places to run it (``launch.kind``).
+"""The job contract: one job spec (what runs, on how many nodes and ranks, with which limits), its attempts, and
+the resolution of what runs before a place is chosen (``resolve``).
 
-The job's files live in ``job_dir``, the same folder on every try of a task, where every rank can
-reach it; ``JobFiles`` is its only definition, and the ranks find it from the environment it exports.
-What every place guarantees is ``pipeline.job.supervisor``'s.
+The job's files live in ``job_dir``, the same folder on every try of a task, where every rank can reach it
+(``pipeline.job_files``). Where attempts run is ``pipeline.job.places``; what every place guarantees is
+``pipeline.job.supervisor``'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.config import LaunchConfig, PipelineConfig
-
-# launch.kind -> the place that runs its attempts (pipeline.job.supervisor.Place), imported on use.
-PLACES = {"local": "pipeline.job.local.place:LocalPlace", "kubernetes": "pipeline.job.kubernetes.place:KubernetesPlace",
-          "ray": "pipeline.job.ray.place:RayPlace"}
-
-
-@dataclass(frozen=True)
-class JobFiles:
-    """The layout of a job's folder; each path is exported to the ranks as an environment variable."""
-
-    root: Path
-
-    @classmethod
-    def from_env(cls) -> "JobFiles | None":
-        """In a rank: the job folder the launcher exported (``PIPELINE_JOB_DIR``), if any."""
-        import os
-
-        root = os.environ.get("PIPELINE_JOB_DIR")
-        return cls(Path(root)) if root else None
-
-    @property
-    def config(self) -> Path:
-        return self.root / "config.json"
-
-    @property
-    def result(self) -> Path:  # rank 0's JSON result: the task's XCom
-        return self.root / "result.json"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def metrics(self) -> Path:  # rank 0's metrics, one JSON line per call; the task sends them to MLflow
-        return self.root / "metrics.jsonl"
-
-    @property
-    def progress(self) -> Path:  # per-rank heartbeats, read by the stall watchdog
-        return self.root / "progress"
-
-    @property
-    def errors(self) -> Path:  # user errors reported by ranks (pipeline.errors.user_errors_reported)
-        return self.root / "errors"
-
-    def logs(self, try_number: int) -> Path:
-        return self.root / f"logs-try{try_number}"
-
-    def env(self) -> dict[str, str]:
-        from pipeline.errors import ERROR_DIR_ENV
-        from pipeline.train.progress import PROGRESS_DIR_ENV
-
-        return {"PIPELINE_JOB_DIR": str(self.root), "PIPELINE_CHECKPOINT_DIR": str(self.checkpoints),
-                "PIPELINE_RESULT_FILE": str(self.result), PROGRESS_DIR_ENV: str(self.progress),
-                ERROR_DIR_ENV: str(self.errors)}
-
-    def expand(self, text: str) -> str:
-        """``text`` with ``${PIPELINE_JOB_DIR}``, ``${PIPELINE_CHECKPOINT_DIR}`` (the variables of ``env``) replaced by
-        their paths: a CLI's arguments name the job's folders without a shell."""
-        paths = self.env()
-        return re.sub(r"\$\{(PIPELINE_[A-Z_]+)\}", lambda m: paths.get(m.group(1), m.group(0)), text)
-
-    def read_result(self) -> dict[str, Any] | None:
-        return json.loads(self.result.read_text()) if self.result.exists() else None
+from pipeline.errors import ConfigError
+from pipeline.job_files import JobFiles
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +32,7 @@ class JobSpec:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     no_python: bool = False
     toolchain: str | None = None  # a third-party toolchain's own environment (pipeline.toolchains) runs the ranks
+    python: str | None = None  # the interpreter of torchrun's agent on this machine (a toolchain's); None: this one
     env: dict[str, str] = field(default_factory=dict)
     name: str = "job"  # unique per DAG run and try: labels, rendezvous ids
     try_number: int = 1
@@ -99,6 +41,58 @@ class JobSpec:
     @property
     def files(self) -> JobFiles:
         return JobFiles(Path(self.job_dir))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The ``restart``-th start of one try of a job."""
+
+    spec: JobSpec
+    restart: int
+
+    @property
+    def name(self) -> str:
+        """Unique per DAG run, task, try and restart: rendezvous ids, the place's object names."""
+        return f"{self.spec.name}-{self.restart}"
+
+    @property
+    def id(self) -> str:
+        """The same, DNS-1123 and at most 52 characters: a place's object names and idempotency keys."""
+        return attempt_id(self.spec.name, self.spec.labels, self.restart)
+
+    @property
+    def log_dir(self) -> Path:
+        """torchrun's per-rank logs and ``@record`` error files of this attempt."""
+        return self.spec.files.logs(self.spec.try_number) / f"torchrun-{self.restart}"
+
+    def env(self) -> dict[str, str]:
+        """The ranks' environment, the same on every place: the job's own variables, the job folder's
+        paths, the process-group backend, and which try and restart this is."""
+        spec = self.spec
+        return {**spec.env, **spec.files.env(), "PIPELINE_TRY_NUMBER": str(spec.try_number),
+                "PIPELINE_RESTART_COUNT": str(self.restart), "PIPELINE_BACKEND": spec.launch.backend}
+
+
+def resolve(spec: JobSpec) -> JobSpec:
+    """``spec`` with what runs settled, before a place is chosen: a toolchain's ranks run through its own
+    interpreter and wrapper (``pipeline.toolchains``), in its environment built on this machine (local) or in its
+    image (kubernetes). A spec without a toolchain, or resolved already, is returned as it is."""
+    if not spec.toolchain:
+        return spec
+    from pipeline import settings, toolchains
+
+    if spec.launch.kind == "ray":
+        raise ConfigError(f"toolchain {spec.toolchain!r} with launch.kind=ray: a Ray cluster's workers run the "
+                          f"project's environment, not a toolchain's; use launch.kind=local or kubernetes "
+                          f"(the toolchain's image)")
+    toolchain = toolchains.get(spec.toolchain)
+    entry = toolchain.rank_entry(spec.entry, spec.no_python)
+    if spec.launch.kind == "kubernetes":
+        return dataclasses.replace(spec, entry=entry, no_python=True, toolchain=None,
+                                   launch=toolchain.launch_in_image(spec.launch))
+    toolchain.require()  # not built: a user error before anything starts (not retried)
+    env = toolchain.rank_env({**spec.env, "PATH": spec.env.get("PATH", os.environ.get("PATH", ""))}, settings.PROJECT_ROOT)
+    return dataclasses.replace(spec, entry=entry, no_python=True, toolchain=None, python=str(toolchain.python), env=env)
 
 
 def attempt_id(spec_name: str, labels: dict[str, str], restart: int = 0) -> str:

@@ -1,16 +1,14 @@
-"""One supervision policy for every place a job runs (``launch.kind``), written once.
+"""One supervision policy for every place a job runs (``launch.kind``).
 
-A place only starts, polls and stops one attempt (``Place``); what every place guarantees is here:
+A place only starts, polls and stops one attempt (``pipeline.job.places.Place``); what every place guarantees is here:
 
-- attempts: a failed attempt is replaced while ``launch.max_restarts`` allows, and the next one resumes
-  from the job folder's checkpoints; each attempt starts without the last one's heartbeats, errors and
-  preemption marker;
+- attempts: what an ended attempt means and whether it is restarted is ``pipeline.job.policy.decide`` (a rank's
+  user error fails at once; a preempted or failed attempt is restarted while ``launch.max_restarts`` allows, and
+  the next one resumes from the job folder's checkpoints; a stall, a timeout, an attempt that never got running
+  and a stop from outside are left to the task retry); each attempt starts without the last one's heartbeats,
+  errors and preemption marker (``JobFiles.begin_attempt``);
 - the run timeout (``launch.timeout_s``) and the stall watchdog (``launch.stall_timeout_s``, on the
   ranks' heartbeats; its clock starts at the first one: imports and set-up are not steps);
-- error kinds (``outcome``): a rank's user error fails at once, never restarted nor retried; a preempted
-  attempt (every rank checkpointed on SIGTERM and exited with ``PREEMPTED_EXIT_CODE``) and any other
-  failure are restarted, then retryable; a stall, a timeout, an attempt that never got running and a
-  stop from outside are not restarted: the task retry decides;
 - live logs: every line the place emits reaches the task log as it comes, and an error ends with the
   last of them;
 - live metrics: rank 0's metrics file in the job folder goes to the job's MLflow run (``MLFLOW_RUN_ID``) while
@@ -25,19 +23,17 @@ A place only starts, polls and stops one attempt (``Place``); what every place g
 from __future__ import annotations
 
 import collections
-import logging
-import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
+import logging
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-from pipeline.errors import (NotStarted, TrainingFailed, TrainingPreempted, TrainingStalled, TrainingStopped,
-                             TrainingTimedOut, reported_user_error)
-from pipeline.job.spec import JobSpec, attempt_id
-from pipeline.train.progress import read_heartbeats
+from pipeline.job.places import Clusters, Place, place_for
+from pipeline.job.policy import STOPPED, Decision, Ended, Findings, decide
+from pipeline.job.spec import Attempt, JobSpec, resolve
+from pipeline.job_files import read_heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -45,85 +41,9 @@ Emit = Callable[[str], None]
 TAIL_LINES = 60
 POLL_S = 0.5
 METRICS_FLUSH_TIMEOUT_S = 120.0
-STOPPED = "the training job was stopped (the task was killed, cleared or timed out)"
 # Set once this process has launched a job and waits for it: its interpreter is idle then. A process that runs
 # tasks itself (``make demo``) does its warm-up from that moment (``pipeline.airflow.warm``).
 WAITING = threading.Event()
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """The ``restart``-th start of one try of a job."""
-
-    spec: JobSpec
-    restart: int
-
-    @property
-    def name(self) -> str:
-        """Unique per DAG run, task, try and restart: rendezvous ids, the place's object names."""
-        return f"{self.spec.name}-{self.restart}"
-
-    @property
-    def id(self) -> str:
-        """The same, DNS-1123 and at most 52 characters: a place's object names and idempotency keys."""
-        return attempt_id(self.spec.name, self.spec.labels, self.restart)
-
-    @property
-    def log_dir(self) -> Path:
-        """torchrun's per-rank logs and ``@record`` error files of this attempt."""
-        return self.spec.files.logs(self.spec.try_number) / f"torchrun-{self.restart}"
-
-    def env(self) -> dict[str, str]:
-        """The ranks' environment, the same on every place: the job's own variables, the job folder's
-        paths, the process-group backend, and which try and restart this is."""
-        spec = self.spec
-        return {**spec.env, **spec.files.env(), "PIPELINE_TRY_NUMBER": str(spec.try_number),
-                "PIPELINE_RESTART_COUNT": str(self.restart), "PIPELINE_BACKEND": spec.launch.backend}
-
-
-@dataclass(frozen=True)
-class Ended:
-    """How an attempt ended. ``status``: ``succeeded``, ``failed``, ``not_started`` (it never got running:
-    unschedulable, an image that cannot be pulled), ``timeout``, ``stalled`` or ``stopped``; ``message``
-    says how, in the place's words."""
-
-    status: str
-    message: str = ""
-
-
-class Place(Protocol):
-    """Where attempts run. Nothing here decides what an ending means: ``outcome`` does. A place whose engine
-    restarts failed ranks within an attempt (``restarts_itself``: Ray Train) gets no restarts from here."""
-
-    def start(self, attempt: Attempt, emit: Emit) -> None:
-        """Start the attempt; its output lines go to ``emit`` (from any thread), prefixed with rank or node."""
-
-    def poll(self) -> Ended | None:
-        """How the attempt ended, or None while it runs."""
-
-    def stop(self, grace_period_s: float) -> None:
-        """End the attempt for good, from any thread, any number of times: SIGTERM (or the place's
-        equivalent), ``grace_period_s``, then a kill; nothing of it is left when this returns."""
-
-    def dump_stacks(self, beats: dict[int, dict[str, Any]], emit: Emit) -> None:
-        """Ask the ranks of a stalled attempt for their stack traces, where the place can reach them."""
-
-
-def max_restarts(place: Place, launch) -> int:
-    """How many times the supervisor replaces a failed attempt on this place."""
-    return 0 if getattr(place, "restarts_itself", False) else launch.max_restarts
-
-
-def begin_attempt(attempt: Attempt) -> None:
-    """The job folder as an attempt expects it: the previous attempt's heartbeats, user errors and
-    preemption marker are not this one's; a previous try's result is never reported."""
-    files = attempt.spec.files
-    files.root.mkdir(parents=True, exist_ok=True)
-    if attempt.restart == 0:
-        files.result.unlink(missing_ok=True)
-    for folder in (files.progress, files.errors):
-        shutil.rmtree(folder, ignore_errors=True)
-    files.progress.mkdir(parents=True)
 
 
 class Watchdog:
@@ -150,33 +70,6 @@ class Watchdog:
         return None
 
 
-def outcome(end: Ended, attempt: Attempt, tail: list[str] = ()) -> Exception | None:
-    """What an attempt's end means: None for success, else the error to restart on or to raise."""
-    from pipeline.train.progress import read_preemption
-
-    files = attempt.spec.files
-    last_lines = "\nlast output lines:\n" + "\n".join(tail) if tail else ""
-    if end.status == "succeeded":
-        return None
-    if end.status == "stopped":
-        return TrainingStopped(end.message or STOPPED)
-    if end.status == "timeout":
-        return TrainingTimedOut(end.message)
-    if end.status == "stalled":
-        return TrainingStalled(end.message + last_lines)
-    if end.status == "not_started":
-        return NotStarted(end.message)
-    user_error = reported_user_error(files.errors)
-    if user_error is not None:
-        return user_error  # bad config or data: a restart or a retry would fail the same way
-    preempted = read_preemption(files.progress)
-    if preempted is not None:
-        return TrainingPreempted(f"the ranks were sent SIGTERM (an eviction or a stop) and checkpointed at step "
-                                 f"{preempted['step']}; {end.message}")
-    failure = rank_failure(attempt.log_dir)
-    return TrainingFailed(end.message + (f"; {failure}" if failure else "") + last_lines)
-
-
 class Supervisor:
     """Runs a job on a place under the policy above. ``run()`` blocks and returns rank 0's result;
     ``stop()`` may come from any thread (``on_kill``, a signal)."""
@@ -184,7 +77,7 @@ class Supervisor:
     def __init__(self, spec: JobSpec, place: Place, *, poll_s: float | None = None,
                  metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S):
         self.spec, self.place = spec, place
-        self.poll_s = poll_s or getattr(place, "poll_s", POLL_S)
+        self.poll_s = poll_s or place.poll_s
         self.metrics_flush_timeout_s = metrics_flush_timeout_s
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -204,26 +97,25 @@ class Supervisor:
             _restore(previous)
 
     def _attempts(self, emit: Emit) -> dict[str, Any] | None:
-        restarts = max_restarts(self.place, self.spec.launch)
-        for restart in range(restarts + 1):
-            error = self._attempt(Attempt(self.spec, restart), emit)
-            if error is None:
+        restart = 0
+        while True:
+            decision = self._attempt(Attempt(self.spec, restart), emit)
+            if decision.action == "finish":
                 return self.spec.files.read_result()
-            if not getattr(error, "restartable", False) or restart == restarts or self._stopped.is_set():
-                raise error
-            emit(f"{str(error).splitlines()[0]}; restarting every rank ({restart + 1} of {restarts}); "
-                 f"training resumes from its last checkpoint")
-        raise AssertionError("unreachable: the last attempt returns or raises")
+            if decision.action == "fail":
+                raise decision.error
+            emit(decision.notice)
+            restart += 1
 
     def stop(self) -> None:
         """Stop for good: the current attempt is torn down now and no other starts."""
         self._stopped.set()
         self.place.stop(self.spec.launch.grace_period_s)
 
-    def _attempt(self, attempt: Attempt, emit: Emit) -> Exception | None:
+    def _attempt(self, attempt: Attempt, emit: Emit) -> Decision:
         if self._stopped.is_set():
-            return TrainingStopped(STOPPED)
-        begin_attempt(attempt)
+            return decide(Ended("stopped", STOPPED), Findings(), restart=attempt.restart, max_restarts=0)
+        self.spec.files.begin_attempt(attempt.restart)
         self._tail.clear()
         try:
             self.place.start(attempt, emit)
@@ -232,7 +124,8 @@ class Supervisor:
             self.place.stop(self.spec.launch.grace_period_s)  # whatever ended the wait, nothing outlives it
         if self._stopped.is_set() and end.status != "succeeded":
             end = Ended("stopped", STOPPED)
-        return outcome(end, attempt, list(self._tail))
+        return decide(end, Findings.read(self.spec.files, attempt.log_dir), restart=attempt.restart,
+                      max_restarts=restarts_allowed(self.place, self.spec), tail=list(self._tail))
 
     def _wait(self, emit: Emit) -> Ended:
         WAITING.set()
@@ -273,27 +166,6 @@ def describe_stall(beats: dict[int, dict[str, Any]], idle_s: float, stall_timeou
             f"last reported positions: {where}")
 
 
-def rank_failure(log_dir: Path) -> str | None:
-    """The failing rank's traceback from torchrun's error files (written by ``@record``), newest first."""
-    import json
-
-    files = sorted(Path(log_dir).glob("**/error.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in files:
-        try:
-            message = json.loads(path.read_text())["message"]
-        except (OSError, ValueError, KeyError):
-            continue
-        if isinstance(message, dict):
-            stack = message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
-        else:
-            stack = str(message)
-        local_rank, attempt = path.parent.name, path.parent.parent.name
-        stack = stack.rstrip()
-        last = stack.rpartition("\n")[2].strip()  # the exception's own line first: a restart's notice says why
-        return f"local rank {local_rank} failed ({attempt.replace('_', ' ')}): {last}\n{stack}"
-    return None
-
-
 def _forward_termination(stop: Callable[[], None]):
     """SIGTERM/SIGINT of this process (a worker shutting down) stops the job first; main thread only."""
     if threading.current_thread() is not threading.main_thread():
@@ -319,30 +191,21 @@ def _restore(previous) -> None:
             signal.signal(sig, handler)
 
 
-def place_for(spec: JobSpec) -> Place:
-    """The place of ``launch.kind``, checked against the job's launch settings."""
-    import importlib
-
-    from pipeline.errors import ConfigError
-    from pipeline.job.spec import PLACES
-
-    kind = spec.launch.kind
-    if kind not in PLACES:
-        raise ConfigError(f"launch.kind={kind!r}: expected one of {sorted(PLACES)}")
-    if spec.launch.min_nnodes > spec.launch.nnodes:
-        raise ConfigError(f"launch.min_nnodes={spec.launch.min_nnodes}: expected at most launch.nnodes="
-                          f"{spec.launch.nnodes} (0 for a job of exactly nnodes nodes)")
-    module, _, attr = PLACES[kind].partition(":")
-    return getattr(importlib.import_module(module), attr)(spec)
+def restarts_allowed(place: Place, spec: JobSpec) -> int:
+    """How many times a failed attempt is replaced from above: none where the place restarts ranks itself."""
+    return 0 if place.restarts_itself else spec.launch.max_restarts
 
 
 class Job:
-    """A job spec bound to its place and supervisor: ``run()`` blocks and returns rank 0's result;
-    ``stop()`` from anywhere."""
+    """A job spec, resolved (``pipeline.job.spec.resolve``), bound to its place and supervisor: ``run()`` blocks
+    and returns rank 0's result; ``stop()`` from anywhere. ``clusters``: how the place reaches a cluster named by a
+    connection (``pipeline.job.places.Clusters``), handed in by the Airflow layer."""
 
-    def __init__(self, spec: JobSpec, *, metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S):
-        self.spec = spec
-        self.supervisor = Supervisor(spec, place_for(spec), metrics_flush_timeout_s=metrics_flush_timeout_s)
+    def __init__(self, spec: JobSpec, *, clusters: Clusters | None = None,
+                 metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S):
+        self.spec = resolve(spec)
+        self.supervisor = Supervisor(self.spec, place_for(self.spec, clusters),
+                                     metrics_flush_timeout_s=metrics_flush_timeout_s)
 
     def run(self, emit: Emit | None = None) -> dict[str, Any] | None:
         return self.supervisor.run(emit)

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def lineage_tags(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> dict[str, str]:
+    """What a model comes from, on its MLflow run and its registered version: the DAG run, the dataset version,
+    the digest of what is trained (``PipelineConfig.what``: where it ran is not part of it) and the code."""
     from pipeline.registry.tracking import code_version
 
     return run.tags() | {
@@ -74,7 +76,7 @@ def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedDa
 
 
 def train(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> TrainedModel:
-    """Run ``pipeline.train`` for the config's recipe on the configured place; return the trained model
+    """Run ``pipeline.rank`` for the config's recipe on the configured place; return the trained model
     (rank 0's result file, with the MLflow run's address). The recipe DAGs' train task runs the same two
     halves around a deferral where the place allows it (``pipeline.airflow.tasks.TrainOperator``)."""
     from pipeline.job.supervisor import Job
@@ -86,15 +88,17 @@ def train(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> TrainedMo
 
 
 def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
-    """The run's training job (``JobSpec``): its MLflow run created once and tagged with the lineage, the
-    config written into the job folder, where the ranks read it."""
+    """The run's training job (``JobSpec``): its MLflow run created once, tagged with the lineage and given
+    what is trained as params, and what is trained written into the job folder, where the ranks read it.
+    Where the job runs reaches the place through the ``JobSpec``, not the ranks' config file."""
     from pipeline.job.spec import JobSpec
     from pipeline.registry import tracking
 
     with tracking.reachable("create the MLflow run"):
-        mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset))
-        tracking.log_params_once(mlflow_run_id, cfg.as_params() | {
-            "launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)})
+        # The ranks asked for say where the run went, not what it trained: a tag of this run, outside the lineage.
+        ranks = {"launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)}
+        mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset) | ranks)
+        tracking.log_params_once(mlflow_run_id, cfg.as_params())
         tracking.log_dataset_input(
             mlflow_run_id, name=cfg.registry.model_name, digest=dataset.version, source_uri=dataset.uri,
             profile={"rows": dataset.rows},
@@ -102,7 +106,7 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
     # Keyed by DAG, run and task, not by try: a retry resumes from the checkpoints the last try left.
     folder = run.job_dir("train")
     spec = JobSpec(
-        entry=["-m", "pipeline.train", "--config", str(folder / "config.json"),
+        entry=["-m", "pipeline.rank", "--config", str(folder / "config.json"),
                *(arg for uri in dataset.uris for arg in ("--dataset", uri))],
         job_dir=folder, launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
         try_number=run.try_number, labels={"dag_id": run.dag_id, "run_id": run.run_id, "task_id": "train",
@@ -111,7 +115,7 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
         env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri()},
     )
     spec.files.root.mkdir(parents=True, exist_ok=True)
-    spec.files.config.write_text(json.dumps(cfg.to_dict(), indent=2))
+    spec.files.config.write_text(json.dumps(cfg.what(), indent=2))
     return spec
 
 

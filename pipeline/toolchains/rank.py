@@ -6,7 +6,7 @@ Axolotl's YAML) as a user error, so the launcher fails the task at once instead 
     python -m pipeline.toolchains.rank --config-error=pydantic_core._pydantic_core.ValidationError -- \\
         -m axolotl.cli.main train sft.yaml
 
-Standard library only (with ``pipeline.errors``): it runs beside whatever the toolchain installed.
+Standard library only (with ``pipeline.errors`` and ``pipeline.job_files``): it runs beside whatever the toolchain installed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import os
 import runpy
 import sys
 
-from pipeline.errors import ConfigError, user_errors_reported
+from pipeline.errors import ConfigError
+from pipeline.job_files import user_errors_reported
 
 
 def declared(exc: BaseException, names: set[str]) -> str | None:

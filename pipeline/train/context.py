@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.diskspace import write_atomically
-from pipeline.job.spec import JobFiles
+from pipeline.job_files import JobFiles
 from pipeline.train import distributed
 from pipeline.train.checkpoint import CheckpointStore
-from pipeline.train.progress import Heartbeat
+from pipeline.job_files import Heartbeat
 
 
 class MetricsSink:

@@ -27,8 +27,10 @@ class DistContext:
         return self.rank == 0
 
 
-def setup(backend: str = "auto") -> DistContext:
-    """Join the torchrun job if there is one; pick nccl with a GPU and gloo without when ``auto``."""
+def setup(backend: str | None = None) -> DistContext:
+    """Join the torchrun job if there is one; pick nccl with a GPU and gloo without when ``auto``. The backend is
+    the launcher's (``PIPELINE_BACKEND``, from ``launch.backend``) unless given."""
+    backend = backend or os.environ.get("PIPELINE_BACKEND", "auto")
     cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:
         return DistContext(0, 0, 1, torch.device("cuda" if cuda else "cpu"), None)

@@ -37,7 +37,7 @@ from pipeline.train.throughput import Throughput, peak_flops
 def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir: Path) -> dict[str, Any]:
     """Train on every rank of this job; rank 0 writes the model files and ``result.json`` into ``out_dir``."""
     mark("imports_done")
-    dist = distributed.setup(cfg.launch.backend)
+    dist = distributed.setup()  # the launcher's launch.backend
     mark("process_group_ready")
     try:
         from pipeline.data.shm import clean_stale_shared_memory

@@ -4,7 +4,7 @@ A Kubernetes eviction or a spot reclaim sends SIGTERM to every rank, then SIGKIL
 The handler only notes the request; the rank finishes its optimizer step. ``should_stop`` is a
 collective that every rank calls once per step, so that ranks signalled at slightly different moments
 stop at the same step. The caller then saves its normal checkpoint of that step and calls ``stop``:
-rank 0 writes the marker (``pipeline.train.progress.mark_preempted``) and every rank exits with
+rank 0 writes the marker (``pipeline.job_files.mark_preempted``) and every rank exits with
 ``PREEMPTED_EXIT_CODE``. The generic loop and the framework callbacks (Lightning, Hugging Face) share it:
 
     preemption = install()           # main thread, before the loaders start their workers
@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pipeline.train.progress import PREEMPTED_EXIT_CODE, PROGRESS_DIR_ENV, mark_preempted
+from pipeline.job_files import PREEMPTED_EXIT_CODE, PROGRESS_DIR_ENV, mark_preempted
 
 STOP_SIGNAL = signal.SIGTERM
 # How often the ranks compare their flags, in rank 0's wall time: a stop comes at most about two of these

@@ -23,10 +23,30 @@ from pipeline import settings
 RUNS = {
     "default": {},
     "four_ranks": {"nproc_per_node": 4},
-    "two_nodes": {"nproc_per_node": 3, "overrides": {"launch.nnodes": 2}},
+    "two_nodes": {"nproc_per_node": 3, "overrides": {"launch.nnodes": 2, "launch.rdzv_endpoint": "node-0:29400"}},
     "tiny_variant": {"variant": "tiny", "nproc_per_node": 4},
     "bad_conf": {"overrides": {"launch.nproc_per_node": 0}},  # a ConfigError: the task reports it, not the scheduler
 }
+
+# A recipe's train task in a DAG that is not named after the recipe, under another task id: admission knows it by
+# what it is (a TrainOperator of a registered recipe), not by the DAG's id.
+RENAMED_DAG = textwrap.dedent("""
+    from airflow.sdk import Param, dag
+
+    from pipeline.airflow.tasks import TrainOperator
+    from pipeline.recipes import get_recipe
+
+    recipe = get_recipe("tabular_mlp")
+
+
+    @dag(dag_id="nightly_tables", schedule=None,
+         params={name: Param(**schema) for name, schema in recipe.airflow_params().items()})
+    def nightly_tables():
+        TrainOperator(task_id="fit", recipe=recipe.name, prepared={}, pool_slots=2)
+
+
+    nightly_tables()
+""")
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -54,7 +74,7 @@ SCRIPT = textwrap.dedent("""
     def slots():
         with create_session() as session:
             rows = session.execute(select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.pool_slots)
-                                   .where(TaskInstance.task_id == "train")).all()
+                                   .where(TaskInstance.task_id.in_(["train", "fit"]))).all()
         return {f"{d}/{r}": s for d, r, s in rows}
 
     created = slots()
@@ -78,12 +98,14 @@ def pool_slots(tmp_path_factory):
     dags.mkdir()
     for name in ("tabular_mlp.py", "trl_sft_example.py"):  # a recipe DAG, and a script DAG on the same Params
         (dags / name).symlink_to(settings.PROJECT_ROOT / "dags" / name)
+    (dags / "nightly_tables.py").write_text(RENAMED_DAG)
     home = tmp / "airflow"
     env = {**os.environ, **settings.airflow_env(home), "AIRFLOW_HOME": str(home),
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
            "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
     env.pop("PIPELINE_TRAIN_POOL_SLOTS", None)
-    runs = {"tabular_mlp": RUNS, "trl_sft_example": {"script_four_ranks": {"nproc_per_node": 4}}}
+    runs = {"tabular_mlp": RUNS, "trl_sft_example": {"script_four_ranks": {"nproc_per_node": 4}},
+            "nightly_tables": {"four_ranks": {"nproc_per_node": 4}}}
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(runs), str(dags)], env=env, cwd=tmp,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -118,3 +140,9 @@ def test_a_script_dag_keeps_the_slots_of_its_fixed_ranks(pool_slots):
     # TorchrunOperator's ranks are its arguments, not the run's Params: its 2 slots are every run's.
     result, _ = pool_slots
     assert result["created"]["trl_sft_example/script_four_ranks"] == 2
+
+
+def test_a_recipes_train_task_is_known_by_its_operator_not_by_its_dag_id(pool_slots):
+    # nightly_tables is no recipe's name and its task is "fit": the run's 4 ranks still size it.
+    result, _ = pool_slots
+    assert result["created"]["nightly_tables/four_ranks"] == 4

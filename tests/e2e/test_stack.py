@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -28,41 +27,60 @@ TINY = {"epochs": 2, "batch_size": 64, "hidden_sizes": [16], "nproc_per_node": 1
 TODAY = datetime.now(timezone.utc).date()
 DAYS = [str(TODAY - timedelta(days=n)) for n in (3, 2, 1)]
 
-# Training takes the `gpu` pool (1 slot here) on the `gpu` queue; its start and end land in a file.
+# Training takes the `gpu` pool (1 slot here) on the `gpu` queue. Each task writes its start and end into a file;
+# the two runs' preparations each wait there for the other's start, and a training holds its slot until the test
+# writes its release file: what overlaps, and what does not, follows from those conditions, not from durations.
 POOL_DAG_SOURCE = textwrap.dedent('''
+    import json
     import sys
     import time
-    from pathlib import Path
 
     from airflow.sdk import dag, task
 
     from pipeline import settings
 
+    WAIT_S = 300  # each wait's bound: the test fails on its own timeouts first
+
     @dag(dag_id="gpu_pool_probe", schedule=None, catchup=False, max_active_runs=4)
     def gpu_pool_probe():
-        def mark(what):
+        def mark(what, event):
             from airflow.sdk import get_current_context
 
             run_id = get_current_context()["run_id"]
-            out = settings.home() / "gpu_pool_probe.jsonl"
-            start = time.time()
             warm = "torch" in sys.modules  # nothing here imports it: the Celery worker did (pipeline.airflow.warm)
-            time.sleep(4)
-            with open(out, "a") as f:
-                f.write(f'{{"run": "{run_id}", "task": "{what}", "start": {start}, "end": {time.time()}, '
-                        f'"warm": {str(warm).lower()}}}\\n')
+            with open(settings.home() / "gpu_pool_probe.jsonl", "a") as f:
+                f.write(json.dumps({"run": run_id, "task": what, "event": event, "time": time.time(), "warm": warm})
+                        + "\\n")
+            return run_id
+
+        def until(condition, what):
+            deadline = time.monotonic() + WAIT_S
+            while not condition():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"gave up waiting for {what}")
+                time.sleep(0.1)
+
+        def started(what):
+            lines = (settings.home() / "gpu_pool_probe.jsonl").read_text().splitlines()
+            return {m["run"] for m in map(json.loads, lines) if (m["task"], m["event"]) == (what, "start")}
 
         @task
         def prepare():
-            mark("prepare")
+            mark("prepare", "start")
+            until(lambda: len(started("prepare")) >= 2, "another run's preparation to start beside this one")
+            mark("prepare", "end")
 
         @task(queue=settings.train_queue(), pool=settings.train_pool(), pool_slots=settings.train_pool_slots(1))
         def train():
-            mark("train")
+            run_id = mark("train", "start")
+            release = settings.home() / f"gpu_pool_probe-release-{run_id}"
+            until(release.exists, f"the test to write {release}")
+            mark("train", "end")
 
         @task
         def evaluate():
-            mark("evaluate")
+            mark("evaluate", "start")
+            mark("evaluate", "end")
 
         prepare() >> train() >> evaluate()
 
@@ -298,16 +316,36 @@ def test_gpu_pool_of_one_slot_runs_one_training_at_a_time_while_other_tasks_over
     _unpause(client, "gpu_pool_probe")
     runs = [client.request("POST", "/api/v2/dags/gpu_pool_probe/dagRuns", {"logical_date": None})["dag_run_id"]
             for _ in range(2)]
+
+    def marks(task: str, event: str) -> dict[str, dict]:
+        lines = stack.probe_path.read_text().splitlines() if stack.probe_path.exists() else []
+        return {m["run"]: m for m in map(json.loads, lines) if m["run"] in runs and (m["task"], m["event"]) == (task, event)}
+
+    def train_state(run_id: str) -> str | None:
+        return client.request("GET", f"/api/v2/dags/gpu_pool_probe/dagRuns/{run_id}/taskInstances/train")["state"]
+
+    def release(run_id: str) -> None:
+        (stack.probe_path.parent / f"gpu_pool_probe-release-{run_id}").touch()  # settings.home() of the tasks
+
+    # One training holds the slot until released; the other run's training, ready once its preparation is done,
+    # waits for the slot in the scheduler (scheduled, not queued).
+    started = wait_for(lambda: list(marks("train", "start")), "a training to start", timeout_s=240)
+    assert len(started) == 1, started
+    first, (second,) = started[0], set(runs) - set(started)
+    wait_for(lambda: train_state(second) not in (None, "none"), "the second training to be ready", timeout_s=240)
+    assert train_state(second) == "scheduled" and list(marks("train", "start")) == [first]
+    release(first)
+    wait_for(lambda: second in marks("train", "start"), "the second training to start", timeout_s=240)
+    release(second)
     for run_id in runs:
         assert _wait_run(client, "gpu_pool_probe", run_id, timeout_s=240) == "success"
-    marks = [json.loads(line) for line in (stack.probe_path).read_text().splitlines()]
-    by = {(m["run"], m["task"]): m for m in marks if m["run"] in runs}
-    a, b = (by[(run, "train")] for run in runs)
-    assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)  # never two trainings at once
-    p, q = (by[(run, "prepare")] for run in runs)
-    assert p["start"] < q["end"] and q["start"] < p["end"], (p, q)  # preparation runs side by side
+
+    assert marks("train", "end")[first]["time"] <= marks("train", "start")[second]["time"]  # never two at once
+    starts, ends = marks("prepare", "start"), marks("prepare", "end")
+    assert all(starts[run]["time"] < ends[other]["time"] for run in runs for other in runs)  # side by side
     # Every task process, forked from a Celery worker that imported torch when it started, began with it.
-    assert all(mark["warm"] for mark in by.values()), by
+    every = [m for task in ("prepare", "train", "evaluate") for m in marks(task, "start").values()]
+    assert len(every) == 6 and all(m["warm"] for m in every), every
 
 
 def test_a_task_marked_failed_through_the_api_leaves_no_training_process(stack):
@@ -399,12 +437,13 @@ def test_ui_approves_a_require_approval_run_on_the_required_actions_page(stack, 
     run_id = client.request("POST", "/api/v2/dags/tabular_mlp/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
     driver = browser.driver
 
-    def listed():
-        driver.get(f"{stack.airflow_url}/required_actions")
-        time.sleep(2)
-        return browser.by_text("a", run_id)
+    def approve_state() -> str | None:
+        return client.request("GET", f"/api/v2/dags/tabular_mlp/dagRuns/{run_id}/taskInstances/approve")["state"]
 
-    run_link = browser.wait(listed, "the run on the Required Actions page", timeout_s=300)[0]
+    # The page lists what is awaiting input when it loads: first the run's approval is asked, then the page loads.
+    wait_for(lambda: approve_state() == "awaiting_input", "the run's approval to be asked", timeout_s=300, poll_s=1)
+    driver.get(f"{stack.airflow_url}/required_actions")
+    run_link = browser.wait(lambda: browser.by_text("a", run_id), "the run on the Required Actions page")[0]
     browser.shot("required-actions")
     assert run_link.is_displayed()
     from urllib.parse import unquote

@@ -260,7 +260,7 @@ def test_a_train_attempt_that_dies_mid_training_is_retried_from_its_checkpoint(a
     import time
 
     from pipeline import settings
-    from pipeline.train.progress import read_heartbeats
+    from pipeline.job_files import read_heartbeats
 
     monkeypatch.setenv("PIPELINE_RETRY_DELAY_S", "1")
     runs = settings.runs_dir() / "tabular_mlp"

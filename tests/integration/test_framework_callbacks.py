@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from pipeline.job.local.place import run_torchrun
-from pipeline.train.progress import read_heartbeats
+from tests.jobs import run_torchrun
+from pipeline.job_files import read_heartbeats
 
 pytestmark = pytest.mark.distributed
 
@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     from transformers import Trainer, TrainingArguments
 
     from pipeline.config import PipelineConfig
-    from pipeline.errors import user_errors_reported
+    from pipeline.job_files import user_errors_reported
     from pipeline.train.callbacks import huggingface_callback, last_huggingface_checkpoint
     from pipeline.train.context import RunContext
     from pipeline.train.distributed import DistContext

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 from pipeline.recipes import get_recipe
 from tests.faults import sigkill_rank, when_checkpoint
 
@@ -36,7 +36,7 @@ def job(tmp_path_factory):
 
 def _train(job, out: Path, lines: list[str], **options) -> dict:
     dataset, config_path = job
-    run_torchrun(["-m", "pipeline.train", "--recipe", "two_tower", "--config", str(config_path),
+    run_torchrun(["-m", "pipeline.rank", "--recipe", "two_tower", "--config", str(config_path),
                   "--dataset", dataset.uri, "--out", str(out)],
                  job_dir=out, nproc_per_node=2, emit=lines.append, grace_period_s=3, **options)
     return json.loads((out / "result.json").read_text())

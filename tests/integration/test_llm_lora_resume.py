@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 from pipeline.recipes import get_recipe
 from pipeline.train.checkpoint import CheckpointStore, load_state
 
@@ -34,7 +34,7 @@ def job(pipeline_home, tmp_path_factory):
 
 def _train(job, out: Path) -> dict:
     dataset, config_path = job
-    run_torchrun(["-m", "pipeline.train", "--recipe", "llm_sft", "--config", str(config_path), "--dataset",
+    run_torchrun(["-m", "pipeline.rank", "--recipe", "llm_sft", "--config", str(config_path), "--dataset",
                   dataset.uri, "--out", str(out)], job_dir=out, nproc_per_node=2, emit=lambda line: None,
                  grace_period_s=3)
     return json.loads((out / "result.json").read_text())

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 from pipeline.recipes import tabular_mlp
-from pipeline.train.progress import PREEMPTED_EXIT_CODE, read_heartbeats
+from pipeline.job_files import PREEMPTED_EXIT_CODE, read_heartbeats
 
 pytestmark = pytest.mark.distributed
 
@@ -46,7 +46,7 @@ def job(demo_parquet, tmp_path_factory):
 
 def _train(job, out: Path, lines: list[str], **options) -> dict:
     dataset, config_path = job
-    run_torchrun(["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", str(config_path),
+    run_torchrun(["-m", "pipeline.rank", "--recipe", "tabular_mlp", "--config", str(config_path),
                   "--dataset", dataset.uri, "--out", str(out)],
                  job_dir=out, nproc_per_node=2, emit=lines.append, grace_period_s=10, **options)
     return json.loads((out / "result.json").read_text())
@@ -243,7 +243,7 @@ def test_a_lightning_trainer_stops_at_an_agreed_step_on_sigterm_and_resumes_ther
     seen: dict = {}
     lines: list[str] = []
     watcher = preempt_when_training(out / "progress", seen, lines, min_step=3)
-    run_torchrun(["-m", "pipeline.train", "--recipe", "two_tower", "--config", str(tmp_path / "config.json"),
+    run_torchrun(["-m", "pipeline.rank", "--recipe", "two_tower", "--config", str(tmp_path / "config.json"),
                   "--dataset", dataset.uri, "--out", str(out)],
                  job_dir=out, nproc_per_node=2, emit=lines.append, grace_period_s=10, max_restarts=1)
     watcher.join(timeout=5)

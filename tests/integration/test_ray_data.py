@@ -29,7 +29,7 @@ def test_ray_data_feeds_every_worker_an_equal_share_of_every_epoch(demo_parquet,
         dataset = stages.prepare_data(cfg, stages.RunInfo("raydata", "prep"))
         (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
         lines: list[str] = []
-        spec = JobSpec(entry=["-m", "pipeline.train", "--config", str(tmp_path / "config.json"), "--dataset",
+        spec = JobSpec(entry=["-m", "pipeline.rank", "--config", str(tmp_path / "config.json"), "--dataset",
                               dataset.uri], job_dir=tmp_path / "job", launch=cfg.launch, name="raydata",
                        labels={"dag_id": "raydata", "run_id": tmp_path.name, "task_id": "train", "try_number": "1"})
         result = Job(spec).run(lines.append)

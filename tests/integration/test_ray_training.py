@@ -21,7 +21,7 @@ import pytest
 
 from pipeline import stages
 from pipeline.data.shm import paths_in_use, registration_lock_path
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 from pipeline.job.ray.cluster import LocalCluster
 from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.supervisor import Job
@@ -104,7 +104,7 @@ def job(demo_parquet, tmp_path_factory):
     dataset = stages.prepare_data(cfg, stages.RunInfo("ray", "prep"))
     config_path = tmp_path_factory.mktemp("ray") / "config.json"
     config_path.write_text(json.dumps(cfg.to_dict()))
-    return ["-m", "pipeline.train", "--config", str(config_path), "--dataset", dataset.uri]
+    return ["-m", "pipeline.rank", "--config", str(config_path), "--dataset", dataset.uri]
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ import pytest
 
 from pipeline import stages
 from pipeline.recipes import tabular_mlp
-from pipeline.train.progress import read_heartbeats
+from pipeline.job_files import read_heartbeats
 from tests.netns import NetworkNamespace
 
 pytestmark = pytest.mark.distributed
@@ -39,10 +39,10 @@ CHECKPOINT_EVERY = 100
 NODE = """
 import json, sys
 from pathlib import Path
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 config, dataset, job, endpoint, rank = sys.argv[1:6]
 try:
-    result = run_torchrun(["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", config,
+    result = run_torchrun(["-m", "pipeline.rank", "--recipe", "tabular_mlp", "--config", config,
                            "--dataset", dataset, "--out", job], job_dir=Path(job), nproc_per_node=1, nnodes=2,
                           min_nnodes=1, node_rank=int(rank), rdzv_endpoint=endpoint, max_restarts=2,
                           grace_period_s=5, stall_timeout_s=60, emit=lambda line: print(line, flush=True))

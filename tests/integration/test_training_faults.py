@@ -12,7 +12,7 @@ import pytest
 
 from pipeline import stages
 from pipeline.errors import TrainingFailed, TrainingStalled
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 from pipeline.recipes import tabular_mlp
 from tests.faults import sigkill_rank, when_checkpoint
 
@@ -38,7 +38,7 @@ def job(demo_parquet, tmp_path_factory):
 def _train(job, out: Path, lines: list[str] | None = None, **options) -> dict:
     cfg, dataset, config_path = job
     run_torchrun(
-        ["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", str(config_path), "--dataset", dataset.uri,
+        ["-m", "pipeline.rank", "--recipe", "tabular_mlp", "--config", str(config_path), "--dataset", dataset.uri,
          "--out", str(out)],
         job_dir=out, nproc_per_node=2, emit=(lines.append if lines is not None else lambda line: None),
         grace_period_s=3, **options,

@@ -26,7 +26,7 @@ def test_https_scheme_and_no_connection():
 
 def test_the_logged_launch_command_carries_no_environment(tmp_path):
     # run_torchrun logs this command line; credentials travel only in the child's environment.
-    command = " ".join(torchrun_command(["-m", "pipeline.train", "--config", "c.json"], nproc_per_node=2, log_dir=tmp_path))
+    command = " ".join(torchrun_command(["-m", "pipeline.rank", "--config", "c.json"], nproc_per_node=2, log_dir=tmp_path))
     assert "s3cr3t" not in command and "MLFLOW_TRACKING_PASSWORD" not in command
 
 

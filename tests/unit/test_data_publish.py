@@ -1,45 +1,18 @@
-"""Publishing: versions are content digests, written atomically (a kill leaves nothing published), the
-same for any worker count, splits stay put when rows are appended, and interval versions read as one
-window with merged statistics."""
+"""Publishing: versions are content digests, the worker count follows the planned work, splits stay put when rows
+are appended, and interval versions read as one window with merged statistics. With worker processes (the same
+output for any worker count, a kill mid-write): tests/integration/test_prep_workers.py."""
 
 import os
-import signal
-import subprocess
-import sys
-import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline import settings
 from pipeline.data import convert, prep, sources, windows
 from pipeline.data.reading import TrainingData
 from pipeline.errors import DataError
-from tests.datafiles import cfg, dataset_dir, published, read_rows, table, write_parquet
-from tests.processes import wait_until_gone
-
-
-def _index_bytes(manifest) -> dict[str, bytes]:
-    return {s: (dataset_dir(manifest) / s / "index.json").read_bytes() for s in ("train", "val", "test")}
-
-
-def test_rerun_is_skipped_and_the_output_is_the_same_for_any_worker_count(tmp_path, monkeypatch):
-    monkeypatch.setattr(convert, "WORKER_START_S", 0.0)  # a pool even for this small job
-    write_parquet(tmp_path / "in.parquet", table(3000), row_group_size=100)
-    one = prep.prepare(cfg(tmp_path / "in.parquet", workers=1, unit_bytes=8_000), name="t", out_root=tmp_path / "one")
-    two = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "two")
-    assert one["version"] == two["version"] and two["workers"] == 2
-    assert len(list((dataset_dir(two) / "train").glob("part-*"))) >= 4  # units of a few 100-row groups
-    assert _index_bytes(one) == _index_bytes(two)
-    assert one["shards"] == two["shards"]
-    assert all(s["xxh3_128"] and s["bytes"] for shards in two["shards"].values() for s in shards)
-
-    started = time.perf_counter()
-    again = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "two")
-    assert again["skipped"] and again["version"] == two["version"]
-    assert _index_bytes(again) == _index_bytes(two)
-    print(f"skipped re-run: {time.perf_counter() - started:.2f} s")
+from tests.datafiles import cfg, dataset_dir, read_rows, table, write_parquet
 
 
 def test_the_shard_and_index_digests_in_the_manifest_match_the_files(tmp_path):
@@ -52,42 +25,6 @@ def test_the_shard_and_index_digests_in_the_manifest_match_the_files(tmp_path):
             data = (dataset_dir(manifest) / split / entry["basename"]).read_bytes()
             assert entry["xxh3_128"] == xxhash.xxh3_128(data).hexdigest() and entry["bytes"] == len(data)
         assert sum(s["samples"] for s in shards) == manifest["splits"][split]
-
-
-_KILL_SCRIPT = """
-import sys
-from pipeline.data import convert, prep
-from tests.datafiles import cfg
-if __name__ == "__main__":
-    convert.WORKER_START_S = 0.0  # a pool even for this small job
-    prep.prepare(cfg(sys.argv[1], workers=2, unit_bytes=1, batch_rows=2_000), name="t", out_root=sys.argv[2])
-"""
-
-
-def test_a_kill_mid_write_publishes_nothing_and_a_rerun_publishes_a_good_version(tmp_path):
-    write_parquet(tmp_path / "in.parquet", table(300_000), row_group_size=20_000)
-    out = tmp_path / "out"
-    script = tmp_path / "prep_job.py"
-    script.write_text(_KILL_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "in.parquet"), str(out)],
-                            cwd=settings.PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)})
-    deadline = time.monotonic() + 120
-    # Kill once shards are being written into the temporary folder.
-    while not list(out.glob("t/.tmp-*/train/part-*/shard.*")):
-        assert proc.poll() is None, "the preparation ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert published(out) == []
-    assert list(out.glob("t/.tmp-*"))  # the dead writer's folder, which no reader looks at
-
-    # The worker processes and their forkserver (their command lines name this test's folder) end too.
-    assert wait_until_gone(str(tmp_path)) == [], "workers of the killed preparation are still running"
-    manifest = prep.prepare(cfg(tmp_path / "in.parquet", unit_bytes=1), name="t", out_root=out)
-    assert sum(manifest["splits"].values()) == 300_000
-    assert published(out) == [dataset_dir(manifest) / "manifest.json"]
-    assert [p.name for p in (out / "t").iterdir()] == [manifest["version"]]  # stale temporaries removed
 
 
 def test_the_worker_count_follows_the_planned_work():
@@ -212,6 +149,6 @@ def test_a_triggered_run_waits_for_the_days_written_beside_the_one_that_triggere
         writer.join()
 
     # A temporary folder whose writer is gone holds no run up.
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (out / "daily" / f".tmp-x-{os.uname().nodename}-{dead.stdout.strip()}-0000").mkdir()
+    no_process = int(Path("/proc/sys/kernel/pid_max").read_text())  # process ids stay below it
+    (out / "daily" / f".tmp-x-{os.uname().nodename}-{no_process}-0000").mkdir()
     assert publish.wait_for_writers(out / "daily", timeout_s=0) == []

@@ -10,10 +10,10 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data import convert, prep
+from pipeline.data import prep
 from pipeline.data.demo import write_idx
 from pipeline.errors import ConfigError, DataError, UserError
-from tests.datafiles import cfg, dataset_dir, published, table, write_image_folder, write_parquet
+from tests.datafiles import cfg, dataset_dir, eight_bad_rows, published, table, write_image_folder, write_parquet
 
 
 def _parquet(t: pa.Table):
@@ -163,12 +163,6 @@ def test_bad_input_fails_with_a_clear_error_and_nothing_is_published(tmp_path, m
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").rglob("*")) in ([], [tmp_path / "out" / "t"])
 
 
-@pytest.fixture
-def pool_for_any_job(monkeypatch):
-    """Workers even for these tiny inputs, which would otherwise run in the preparing process alone."""
-    monkeypatch.setattr(convert, "WORKER_START_S", 0.0)
-
-
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_a_number_column_stored_as_text_fails_until_it_is_declared(tmp_path, fmt):
     t = _numbers_as_text(token="-")
@@ -212,46 +206,8 @@ def test_text_categories_that_repeat_are_categorical(tmp_path):
     assert manifest["schema"]["categorical_columns"] == ["color", "city"]
 
 
-@pytest.mark.usefixtures("pool_for_any_job")
-def test_the_same_error_whatever_the_worker_count(tmp_path):
-    bad = _with("a", [1.0] * 599 + [float("nan")])
-    write_parquet(tmp_path / "bad.parquet", bad)
-    messages = set()
-    for workers in (1, 2):
-        with pytest.raises(DataError) as raised:
-            prep.prepare(cfg(tmp_path / "bad.parquet", workers=workers), name="t", out_root=tmp_path / "out")
-        messages.add(str(raised.value))
-    assert len(messages) == 1 and "row 599" in messages.pop()
-
-
-def _eight_bad_rows() -> pa.Table:
-    t = table()
-    a = t.column("a").to_numpy().copy()
-    a[[3, 50, 51, 300, 599]] = np.nan
-    labels = t.column("label").to_pylist()
-    for i in (10, 20, 30):
-        labels[i] = "bird"
-    return t.set_column(0, "a", pa.array(a)).set_column(3, "label", pa.array(labels))
-
-
-@pytest.mark.usefixtures("pool_for_any_job")
-def test_quarantine_keeps_bad_rows_beside_the_dataset_and_counts_them(tmp_path):
-    write_parquet(tmp_path / "in.parquet", _eight_bad_rows())
-    manifest = prep.prepare(
-        cfg(tmp_path / "in.parquet", on_bad_rows="quarantine", max_bad_fraction=0.05, label_classes=["cat", "dog"], workers=2),
-        name="t", out_root=tmp_path / "out")
-    assert manifest["bad_rows"] == {"count": 8, "read": 600, "fraction": round(8 / 600, 6), "policy": "quarantine",
-                                    "quarantine": "quarantine.parquet"}
-    assert sum(manifest["splits"].values()) == 592 and manifest["workers"] == 2
-    quarantined = pq.read_table(dataset_dir(manifest) / "quarantine.parquet").to_pylist()
-    assert sorted(int(q["_source"].rsplit("row ", 1)[1]) for q in quarantined) == [3, 10, 20, 30, 50, 51, 300, 599]
-    assert {q["_column"] for q in quarantined} == {"a", "label"}
-    bird = next(q for q in quarantined if q["_column"] == "label")
-    assert bird["label"] == "bird" and "expected one of ['cat', 'dog']" in bird["_error"]
-
-
 def test_quarantine_fails_the_run_above_the_bad_fraction(tmp_path):
-    write_parquet(tmp_path / "in.parquet", _eight_bad_rows())
+    write_parquet(tmp_path / "in.parquet", eight_bad_rows())
     with pytest.raises(DataError, match=r"8 of 600 rows \(1.33%\) are bad, more than data.max_bad_fraction=0.01"):
         prep.prepare(cfg(tmp_path / "in.parquet", on_bad_rows="quarantine", max_bad_fraction=0.01,
                          label_classes=["cat", "dog"]), name="t", out_root=tmp_path / "out")

@@ -17,11 +17,16 @@ import pytest
 from pipeline.errors import NotStarted as PodsNotRunning
 from pipeline.errors import RankUserError, TrainingFailed
 from pipeline.job.kubernetes import place as kube
-from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.supervisor import Attempt, Job
+from pipeline.airflow.connections import AirflowClusters
 from pipeline.airflow.trigger import AttemptTrigger
+from pipeline.job.spec import Attempt, JobSpec, launch_config
+from pipeline.job.supervisor import Job as _Job
 from tests import kube_standin
 from tests.kube_standin import StandinCluster
+
+
+def Job(spec: JobSpec) -> _Job:  # noqa: N802 - the supervisor's Job, reaching the stand-in through the connection
+    return _Job(spec, clusters=AirflowClusters())
 
 CONN = "k8s_standin"
 # Exactly the verbs the README's Role grants.
@@ -39,7 +44,7 @@ def make_spec(tmp_path: Path, *, try_number: int = 1, **launch) -> JobSpec:
                   **launch.pop("kubernetes", {})}
     options = {"kind": "kubernetes", "nnodes": 2, "nproc_per_node": 8, "grace_period_s": 1,
                "kubernetes": kubernetes, **launch}
-    return JobSpec(entry=["-m", "pipeline.train", "--recipe", "tabular_mlp"], job_dir=tmp_path / "job",
+    return JobSpec(entry=["-m", "pipeline.rank", "--recipe", "tabular_mlp"], job_dir=tmp_path / "job",
                    launch=launch_config(options), name=f"dag-train-{try_number}", try_number=try_number,
                    labels={"dag_id": "dag", "run_id": "manual__2026-11-30T12:00:00+00:00", "task_id": "train",
                            "try_number": str(try_number)})
@@ -139,12 +144,12 @@ def test_a_pod_removed_after_it_succeeded_does_not_fail_the_task(cluster_for, tm
 def test_a_job_left_by_a_dead_worker_of_the_same_attempt_is_replaced(cluster_for, tmp_path):
     from kubernetes import client as k8s
 
-    from pipeline.job.kubernetes.place import Cluster, api_client, manifests_for  # noqa: F401
+    from pipeline.job.kubernetes.place import Cluster, manifests_for  # noqa: F401
 
     cluster = cluster_for(kube_standin.nodes_run)
     spec = make_spec(tmp_path)
     leftover = manifests_for(Attempt(spec, 0))
-    Cluster(api_client(CONN)).create(leftover)  # its pods run: the scenario plays them
+    Cluster(AirflowClusters().kubernetes_client(CONN)).create(leftover)  # its pods run: the scenario plays them
     assert Job(spec).run(lambda line: None)["nodes"] == 2
     assert [j["metadata"]["name"] for j in cluster.created_jobs] == [leftover.name] * 2
     assert cluster.deletions[0]["name"] == leftover.name  # the leftover went first
@@ -173,7 +178,7 @@ def test_an_airflow_retry_gets_a_new_job_over_the_same_checkpoint_folder(cluster
 def _operator(tmp_path, **launch):
     from pipeline.airflow import TorchrunOperator
 
-    return TorchrunOperator(task_id="fit", entry=["-m", "pipeline.train"], kind="kubernetes", nnodes=2,
+    return TorchrunOperator(task_id="fit", entry=["-m", "pipeline.rank"], kind="kubernetes", nnodes=2,
                             nproc_per_node=1, grace_period_s=1, **launch,
                             kubernetes={"connection_id": CONN, "deferrable": True, "volumes": [f"runs:{tmp_path}"]})
 
@@ -285,9 +290,9 @@ def test_deferred_task_torchrun_returns_rank_0s_return_value(cluster_for, tmp_pa
 
     from pipeline.airflow.operator import _decorated_operator_class
 
-    def rank_0_returns(job):  # what pipeline.job.function does in rank 0 of the pods
+    def rank_0_returns(job):  # what pipeline.train.function does in rank 0 of the pods
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
-        assert command[-4:-2] == ["-m", "pipeline.job.function"]
+        assert command[-4:-2] == ["-m", "pipeline.train.function"]
         Path(command[-1]).write_bytes(cloudpickle.dumps({"loss": 0.5}))
 
     cluster = cluster_for(kube_standin.nodes_run, on_success=rank_0_returns)

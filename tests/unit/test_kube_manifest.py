@@ -14,7 +14,7 @@ from pipeline.job.kubernetes.place import manifests_for
 from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, deserialize, rendered_pod, serialize
 from pipeline.job.spec import attempt_id
 from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.supervisor import Attempt
+from pipeline.job.spec import Attempt
 
 JOB_DIR = "/mnt/pipeline/runs/ddp/manual__2026-11-30T12_00_00_00_00/train"
 AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -41,7 +41,7 @@ def every_setting(**extra) -> JobSpec:
         "memory_per_node_gb": 900, "timeout_s": 7200, "grace_period_s": 30, "backend": "nccl",
         "kubernetes": {**KUBERNETES, "master_port": 29400, "schedule_timeout_s": 900, **extra},
     })
-    return JobSpec(entry=["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", f"{JOB_DIR}/config.json"],
+    return JobSpec(entry=["-m", "pipeline.rank", "--recipe", "tabular_mlp", "--config", f"{JOB_DIR}/config.json"],
                    job_dir=JOB_DIR, launch=launch, name="ddp-train-1", try_number=1,
                    env={"MLFLOW_TRACKING_URI": "http://mlflow.mlops:5000", "MLFLOW_RUN_ID": "0123abcd"},
                    labels={"dag_id": "ddp", "run_id": "manual__2026-11-30T12:00:00+00:00", "task_id": "train",
@@ -101,7 +101,7 @@ def test_2_nodes_x_8_gpus_round_trip_through_the_client_models_with_every_settin
     assert env["PIPELINE_CHECKPOINT_DIR"]["value"] == f"{JOB_DIR}/checkpoints"
     assert env["PIPELINE_BACKEND"]["value"] == "nccl"
     assert container["command"][:4] == ["python", "-m", "torch.distributed.run", "--tee=3"]
-    assert container["command"][-6:] == ["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", f"{JOB_DIR}/config.json"]
+    assert container["command"][-6:] == ["-m", "pipeline.rank", "--recipe", "tabular_mlp", "--config", f"{JOB_DIR}/config.json"]
     assert "SECRET" not in json.dumps(job).upper().replace("IMAGEPULLSECRETS", "").replace("SECRETREF", "")
 
     service = serialize(m.service)
@@ -167,7 +167,9 @@ def test_launch_kubernetes_is_chosen_per_run_by_overrides_and_checked_like_any_f
     cfg = recipe.config_from_params({"overrides": {"launch.kind": "kubernetes", "launch.nnodes": 2,
                                                    "launch.kubernetes.image": "reg/ddp:2"}})
     assert (cfg.launch.kind, cfg.launch.nnodes, cfg.launch.kubernetes.image) == ("kubernetes", 2, "reg/ddp:2")
-    assert type(cfg).from_flat(cfg.as_params()) == cfg  # MLflow params read back, the nested section included
+    # Where it runs is no part of the MLflow params (what is trained is): they read back without it.
+    assert type(cfg).from_flat(cfg.as_params()).what() == cfg.what()
+    assert [key for key in cfg.as_params() if key.startswith("launch.")] == []
     assert recipe.config().launch.kind == "local"  # the default (and make demo) stays local
     with pytest.raises(ConfigError, match="launch.kubernetes.shm_size_gb=0.0: expected a value >= 0.0625"):
         recipe.config().with_overrides({"launch.kubernetes.shm_size_gb": 0})
@@ -190,3 +192,15 @@ def test_the_default_image_is_the_dockerfiles_and_runs_as_its_non_root_user():
     settings = re.findall(r"^(?:ENV|ARG)\s+(.*(?:\n\s+.*\\?)*)", dockerfile, re.M)
     assert not re.search(r"PASSWORD|SECRET|TOKEN|_KEY", " ".join(settings), re.I)
     assert ".env" in (Path(__file__).parents[2] / ".dockerignore").read_text().split()
+
+
+def test_an_elastic_job_asks_torchrun_for_a_range_of_nodes_and_kubernetes_refuses_it(tmp_path):
+    from pipeline.job.kubernetes.manifest import check
+    from pipeline.job.local.place import torchrun_command
+
+    elastic = torchrun_command(["x.py"], nproc_per_node=2, nnodes=4, min_nnodes=2, rdzv_endpoint="h:29400",
+                               log_dir=tmp_path)
+    fixed = torchrun_command(["x.py"], nproc_per_node=2, nnodes=4, rdzv_endpoint="h:29400", log_dir=tmp_path)
+    assert "--nnodes=2:4" in elastic and "--nnodes=4" in fixed
+    with pytest.raises(ConfigError, match="launch.min_nnodes=1: the Kubernetes place runs an indexed Job"):
+        check(launch_config({"kind": "kubernetes", "nnodes": 2, "min_nnodes": 1}), str(tmp_path))

@@ -3,66 +3,33 @@ array images and PNG/JPEG images, over one version or a window of several; exact
 read_split and encode_columns against their per-sample counterparts."""
 
 import io
-import time
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from pipeline.data import prep
 from pipeline.data.demo import write_idx
 from pipeline.data.reading import TrainingData
 from pipeline.data.shards import _images, decode_columns
-from tests.datafiles import cfg, table, write_image_folder, write_parquet
+from tests.datafiles import (as_columns, assert_same_batches, both_paths, cfg, check_mid_epoch_resume, numbered_rows,
+                             table, write_image_folder, write_parquet)
 from tests.services import wait_for
-
-
-def _columns(columns):
-    return columns  # the identity transform: batches as decoded columns (module level: picklable)
-
-
-def _assert_same_batches(fast: list[dict], slow: list[dict]) -> None:
-    assert len(fast) == len(slow)
-    for i, (a, b) in enumerate(zip(fast, slow)):
-        assert list(a) == list(b), f"batch {i}: columns {list(a)} != {list(b)}"
-        for name in a:
-            x, y = a[name], b[name]
-            assert (x.dtype, x.shape) == (y.dtype, y.shape), \
-                f"batch {i} column {name}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}"
-            assert np.array_equal(x, y), f"batch {i} column {name} differs"
-
-
-def _both(data: TrainingData, tmp_path, split="train", **kwargs) -> tuple[list[dict], list[dict]]:
-    """Every batch of one epoch through the batch path and through the per-sample path."""
-    fast = list(data.loader(split, transform=_columns, **kwargs))
-    slow_data = TrainingData.open([str(d) for d in data.dirs], tmp_path / "slow-cache")
-    slow = list(slow_data.sample_loader(split, transform=_columns, **kwargs))
-    return fast, slow
 
 
 @pytest.fixture(scope="module")
 def tabular(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("tabular")
-    t = table(700).append_column("id", pa.array(np.arange(700)))
-    write_parquet(tmp / "in.parquet", t)
-    return prep.prepare(cfg(tmp / "in.parquet"), name="t", out_root=tmp / "out")  # tiny shards: many of them
+    return numbered_rows(tmp_path_factory.mktemp("tabular"))
 
 
 @pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in-order"])
 def test_rows_come_in_the_batches_of_the_per_sample_path(tabular, tmp_path, shuffle):
     data = TrainingData.open([tabular["uri"]], tmp_path / "cache")
-    fast, slow = _both(data, tmp_path, batch_size=32, shuffle=shuffle, seed=3)
-    _assert_same_batches(fast, slow)
+    fast, slow = both_paths(data, tmp_path, batch_size=32, shuffle=shuffle, seed=3)
+    assert_same_batches(fast, slow)
     assert sum(len(b["id"]) for b in fast) == tabular["splits"]["train"]
-    assert len(data.loader("train", batch_size=32, shuffle=True, seed=3, transform=_columns)) == len(fast)
+    assert len(data.loader("train", batch_size=32, shuffle=True, seed=3, transform=as_columns)) == len(fast)
     assert {b["a"].dtype for b in fast} == {np.dtype("float64")} and {b["b"].dtype for b in fast} == {np.dtype("int64")}
     assert isinstance(fast[0]["color"][0], str) and fast[0]["color"].dtype == object
-
-
-def test_loader_workers_keep_the_order(tabular, tmp_path):
-    data = TrainingData.open([tabular["uri"]], tmp_path / "cache")
-    fast, slow = _both(data, tmp_path, batch_size=16, shuffle=True, seed=1, num_workers=2)
-    _assert_same_batches(fast, slow)
 
 
 def test_a_window_of_versions_reads_as_the_per_sample_path_does(tmp_path):
@@ -72,8 +39,8 @@ def test_a_window_of_versions_reads_as_the_per_sample_path_does(tmp_path):
                          interval=(f"{day}T00:00:00+00:00", f"{day}T23:59:59+00:00"))["uri"]
             for day in ["2026-11-28", "2026-11-29"]]
     data = TrainingData.open(uris, tmp_path / "cache")
-    fast, slow = _both(data, tmp_path, batch_size=24, shuffle=True, seed=0)
-    _assert_same_batches(fast, slow)
+    fast, slow = both_paths(data, tmp_path, batch_size=24, shuffle=True, seed=0)
+    assert_same_batches(fast, slow)
     assert sum(len(b["a"]) for b in fast) == data.rows("train")
 
 
@@ -84,8 +51,8 @@ def test_array_images_come_as_one_uint8_array(tmp_path):
     manifest = prep.prepare(cfg(tmp_path / "idx", unit_bytes=64 * 785, shard_size_limit_bytes=1 << 14),
                             name="idx", out_root=tmp_path / "out")
     data = TrainingData.open([manifest["uri"]], tmp_path / "cache")
-    fast, slow = _both(data, tmp_path, batch_size=20, shuffle=True, seed=0)
-    _assert_same_batches(fast, slow)
+    fast, slow = both_paths(data, tmp_path, batch_size=20, shuffle=True, seed=0)
+    assert_same_batches(fast, slow)
     assert fast[0]["image"].shape == (20, 28, 28) and fast[0]["image"].dtype == np.uint8
     # Every image exactly once over the epoch (images are unique).
     seen = [img.tobytes() for b in fast for img in b["image"]]
@@ -98,8 +65,8 @@ def test_encoded_images_decode_as_pil_does(tmp_path, fmt):
     write_image_folder(tmp_path / "in", {"boot": 40, "shirt": 35}, fmt=fmt)
     manifest = prep.prepare(cfg(tmp_path / "in"), name="img", out_root=tmp_path / "out")
     data = TrainingData.open([manifest["uri"]], tmp_path / "cache")
-    fast, slow = _both(data, tmp_path, batch_size=16, shuffle=True, seed=0)
-    _assert_same_batches(fast, slow)
+    fast, slow = both_paths(data, tmp_path, batch_size=16, shuffle=True, seed=0)
+    assert_same_batches(fast, slow)
     assert fast[0]["image"].shape == (16, 8, 8) and fast[0]["image"].dtype == np.uint8
     assert fast[0]["label"].dtype == object and set(np.concatenate([b["label"] for b in fast])) == {"boot", "shirt"}
 
@@ -132,33 +99,8 @@ def test_pngs_of_every_kind_decode_as_pil_does():
         assert decoded[i].dtype == want.dtype and np.array_equal(decoded[i], want), images[i].mode
 
 
-def _ids(batches) -> list[int]:
-    return [int(i) for b in batches for i in b]
-
-
-def _ids_of(columns):
-    return columns["id"].tolist()  # not a dict of arrays: the loader counts samples itself
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_mid_epoch_resume_delivers_exactly_the_remaining_samples(tabular, tmp_path, workers):
-    kwargs = dict(batch_size=16, shuffle=True, seed=5, transform=_ids_of, num_workers=workers)
-    data = TrainingData.open([tabular["uri"]], tmp_path / "a")
-    whole = list(data.loader("train", **kwargs))
-    first = data.loader("train", **kwargs)
-    taken = []
-    for i, batch in enumerate(first):
-        taken.append(batch)
-        if i == 6:
-            break
-    state = first.state_dict()
-    assert state["sample_in_epoch"] == 7 * 16
-
-    again = TrainingData.open([tabular["uri"]], tmp_path / "b").loader("train", **kwargs)
-    again.load_state_dict(state)
-    rest = list(again)
-    assert _ids(taken) + _ids(rest) == _ids(whole)  # none missing, none twice, in the same order
-    assert len(set(_ids(whole))) == tabular["splits"]["train"]
+def test_mid_epoch_resume_delivers_exactly_the_remaining_samples(tabular, tmp_path):
+    check_mid_epoch_resume(tabular, tmp_path, num_workers=0)  # with workers: tests/integration/
 
 
 def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_path):
@@ -168,30 +110,9 @@ def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_pa
     samples = [dataset[i] for i in range(dataset.num_samples)]
     want = decode_columns(samples, data.schema["columns"])
     assert list(columns) == data.schema["columns"]
-    _assert_same_batches([columns], [want])
+    assert_same_batches([columns], [want])
     for got, expected in zip(data.encoder.encode_columns(columns), data.encoder.encode(samples)):
         assert got.dtype == expected.dtype and np.array_equal(got, expected)
-
-
-def test_reading_batches_imports_neither_pandas_nor_pyarrow_compute(tabular, tmp_path):
-    """pyarrow's to_numpy imports pandas (0.3-0.7 s) and Array.dictionary_encode pyarrow.compute (40-90 ms):
-    inside a run's first batch, both counted as waiting for data. Text columns come out of the batch path,
-    and out of read_split, without either."""
-    import subprocess
-    import sys
-
-    script = (
-        "import sys\n"
-        "from pipeline.data.reading import TrainingData\n"
-        f"data = TrainingData.open([{tabular['uri']!r}], {str(tmp_path / 'cache')!r})\n"
-        "batch = next(iter(data.loader('train', batch_size=32, shuffle=True, seed=3, transform=dict)))\n"
-        "split = data.read_split('val')\n"
-        "assert isinstance(batch['color'][0], str) and isinstance(split['color'][0], str)\n"
-        "print(sorted(m for m in sys.modules if m in ('pandas', 'pyarrow.compute') or m.startswith('pandas.')))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order():
@@ -199,20 +120,25 @@ def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order(
 
     from pipeline.data.batch_loader import ReadAhead
 
-    pulled: list[tuple[int, str]] = []
+    asked = [0]  # the consumer's next() calls begun
+    pulled: list[tuple[int, int, str]] = []  # (item, next() calls begun when the source gave it, thread)
 
     def source():
         for i in range(10):
-            pulled.append((i, threading.current_thread().name))
+            pulled.append((i, asked[0], threading.current_thread().name))
             yield i
 
-    ahead = ReadAhead(source(), 2)
-    # Before any next(): two items queued and a third taken, waiting for room.
-    wait_for(lambda: len(pulled) == 3, "the thread to take three items", timeout_s=30, poll_s=0.005)
-    time.sleep(0.2)
-    assert len(pulled) == 3  # and no more while nothing is consumed
-    assert list(ahead) == list(range(10))
-    assert {name for _, name in pulled} == {"read-ahead"}
+    ahead, got = ReadAhead(source(), 2), []
+    for n in range(10):
+        # Before each next(): the thread has taken what there is room for (two queued, a third in hand).
+        wait_for(lambda: len(pulled) == min(10, n + 3), f"the thread to take {min(10, n + 3)} items", timeout_s=30,
+                 poll_s=0.005)
+        asked[0] += 1
+        got.append(next(ahead))
+    assert list(ahead) == [] and got == list(range(10))
+    # Item i was taken only once the consumer's next() for item i - 3 made room: never more than 2 + 1 ahead.
+    assert [calls for _, calls, _ in pulled] == [0, 0, 0, 1, 2, 3, 4, 5, 6, 7]
+    assert {name for _, _, name in pulled} == {"read-ahead"}
 
 
 def test_read_ahead_raises_the_sources_error_at_its_item():
@@ -271,26 +197,4 @@ def test_the_loaders_transform_runs_ahead_of_the_caller(tabular, tmp_path):
              poll_s=0.005)
     assert sum(len(b["id"]) for b in batches) == tabular["splits"]["train"]
     assert threads == {"read-ahead"}
-
-
-def test_jobs_opening_datasets_at_the_same_moments_each_get_a_prefix_of_their_own(tabular, tmp_path):
-    """streaming's ranks look for the first free shared-memory prefix, then their leader creates it: two jobs
-    doing so at once picked the same one, and one failed with FileExistsError (13 of 30 openings here without
-    ``pipeline.data.shm.registering``)."""
-    import multiprocessing
-
-    from tests.datafiles import open_datasets_in_step
-
-    context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(2), context.Queue()
-    jobs = [context.Process(target=open_datasets_in_step, args=(tabular["uri"], str(tmp_path / f"job{i}"), barrier,
-                                                                 10, results)) for i in range(2)]
-    for job in jobs:
-        job.start()
-    reports = [results.get(timeout=300) for _ in jobs]
-    for job in jobs:
-        job.join(timeout=60)
-    assert [errors for errors, _ in reports] == [[], []]
-    prefixes = [set(p) for _, p in reports]
-    assert len(prefixes[0]) == len(prefixes[1]) == 10 and not prefixes[0] & prefixes[1]
 

@@ -13,7 +13,8 @@ import torch
 
 from pipeline.data import prep
 from pipeline.diskspace import free_bytes, write_atomically
-from pipeline.errors import OutOfSpace, UserError, reported_user_error, user_errors_reported
+from pipeline.errors import OutOfSpace, UserError
+from pipeline.job_files import reported_user_error, user_errors_reported
 from pipeline.train.checkpoint import CheckpointStore, state_bytes
 from pipeline.train.export import saved_model_files
 from tests.datafiles import cfg, published, table, write_parquet

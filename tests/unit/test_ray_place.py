@@ -1,6 +1,6 @@
 """What the Ray place submits, without a cluster: the job's identity across tries and restarts, and what its
 runtime_env may carry; and how it takes a job's log from the Jobs API's two calls (a stand-in client here:
-tests/unit/test_place_contract.py streams real jobs' logs)."""
+tests/integration/test_place_contract.py streams real jobs' logs)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 
 from pipeline.job.ray.place import JobLog, job_request, run_name
 from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.supervisor import Attempt
+from pipeline.job.spec import Attempt
 
 
 def _spec(run_id: str = "scheduled__2026-12-01", try_number: int = 1, **env) -> JobSpec:
-    return JobSpec(entry=["-m", "pipeline.train", "--config", "/runs/x/train/config.json"], job_dir=f"/runs/{run_id}/train",
+    return JobSpec(entry=["-m", "pipeline.rank", "--config", "/runs/x/train/config.json"], job_dir=f"/runs/{run_id}/train",
                    launch=launch_config({"kind": "ray", "ray": {"address": "http://ray-head:8265"}}),
                    name=f"image_classifier-train-{try_number}", try_number=try_number,
                    env={"MLFLOW_RUN_ID": "abc", "MLFLOW_TRACKING_URI": "http://mlflow:5000", **env},
@@ -42,7 +42,7 @@ def test_secrets_never_travel_in_the_jobs_runtime_env_or_metadata():
     assert env["RAY_DEDUP_LOGS"] == "0"
     argv = shlex.split(request["entrypoint"])
     assert argv[:3] == ["python", "-m", "pipeline.job.ray.entry"]  # a remote cluster's own interpreter
-    assert argv[argv.index("--") + 1:] == ["-m", "pipeline.train", "--config", "/runs/x/train/config.json"]
+    assert argv[argv.index("--") + 1:] == ["-m", "pipeline.rank", "--config", "/runs/x/train/config.json"]
 
 
 def test_the_worker_group_start_timeout_reaches_ray_trains_controller():

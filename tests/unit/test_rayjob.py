@@ -20,10 +20,10 @@ from pipeline.job.kubernetes.manifest import deserialize, serialize
 from pipeline.job.ray.place import job_request
 from pipeline.job.ray.rayjob import MAX_NAME, ROLE_RULES, rayjob_for, rayjob_name, runtime_env, templates
 from pipeline.job.spec import JobSpec, attempt_id, launch_config
-from pipeline.job.supervisor import Attempt
+from pipeline.job.spec import Attempt
 from tests.unit.test_kube_manifest import AFFINITY, JOB_DIR, KUBERNETES
 
-ENTRY = ["-m", "pipeline.train", "--recipe", "image_classifier", "--config", f"{JOB_DIR}/config.json"]
+ENTRY = ["-m", "pipeline.rank", "--recipe", "image_classifier", "--config", f"{JOB_DIR}/config.json"]
 
 
 def every_setting(launch: dict | None = None, **kube) -> JobSpec:

@@ -1,12 +1,9 @@
-"""What a new user hit with the embedded UI: a fixed JWT secret, MLflow's INFO lines logged as errors,
-a fresh home without the demo inputs, a backfill of a paused DAG waiting in silence."""
+"""What a new user hit with the embedded UI: a fixed JWT secret, a fresh home without the demo inputs, a backfill
+of a paused DAG waiting in silence. (MLflow's INFO lines logged as errors: tests/integration/test_task_process.py.)"""
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
-import sys
 from datetime import date, timedelta
 
 from pipeline import settings
@@ -24,31 +21,6 @@ def test_jwt_secret_is_random_per_airflow_home_private_and_kept(tmp_path, monkey
     assert settings.airflow_env(tmp_path / "two")["AIRFLOW__API_AUTH__JWT_SECRET"] != first
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "x" * 80)
     assert settings.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"] == "x" * 80
-
-
-def test_mlflow_lines_reach_the_task_log_at_their_level_not_as_stderr():
-    """MLflow configures its logger at import to print to stderr, which Airflow logs as ERROR lines."""
-    code = (
-        "import logging, sys\n"
-        "import mlflow\n"
-        "records = []\n"
-        "class Keep(logging.Handler):\n"
-        "    def emit(self, record): records.append((record.levelname, record.name))\n"
-        "if sys.argv[1] == 'routed':\n"
-        "    from pipeline.airflow.tasks import route_mlflow_logging\n"
-        "    route_mlflow_logging()\n"
-        "logging.getLogger().addHandler(Keep()); logging.getLogger().setLevel(logging.DEBUG)\n"
-        "logging.getLogger('mlflow.pyfunc').info('Validating input example against model signature')\n"
-        "print([r for r in records if r[1].startswith('mlflow')])\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)}
-    env.pop("MLFLOW_CONFIGURE_LOGGING", None)
-    plain = subprocess.run([sys.executable, "-c", code, "plain"], capture_output=True, text=True, env=env, timeout=120)
-    assert "INFO mlflow.pyfunc: Validating input example" in plain.stderr  # what a task log showed as ERROR
-    routed = subprocess.run([sys.executable, "-c", code, "routed"], capture_output=True, text=True, env=env, timeout=120)
-    assert routed.returncode == 0, routed.stderr
-    assert "Validating input example" not in routed.stderr
-    assert "[('INFO', 'mlflow.pyfunc')]" in routed.stdout
 
 
 def test_demo_inputs_cover_the_daily_catch_up_and_are_written_once(tmp_path, monkeypatch):

@@ -1,40 +1,12 @@
-"""Warm task processes (pipeline.airflow.warm): the modules a Celery worker imports when it starts, through the
-configuration Airflow resolves from ``[celery] celery_config_options``, and what PIPELINE_PRELOAD names."""
+"""Warm task processes (pipeline.airflow.warm) within this process: what PIPELINE_PRELOAD names, the preload's
+thread, its niceness and its session's, a task waiting for a module being imported. In a fresh process (a Celery
+worker starting, the real session niceness, MLflow's distribution map): tests/integration/test_task_process.py."""
 
-import os
-import subprocess
 import sys
 
 import pytest
 
 from pipeline.airflow import warm
-
-WORKER = """
-import logging, sys
-logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-from airflow.providers.celery.executors.celery_executor_utils import get_celery_configuration
-from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
-
-config = get_celery_configuration()  # what Airflow's Celery app and worker are built from
-assert config is DEFAULT_CELERY_CONFIG, "not Airflow's own configuration"
-assert "wave" not in sys.modules, "imported before the worker started"
-from celery.signals import worker_init
-
-worker_init.send(sender=None)  # what a Celery worker sends before its pool forks
-print("imported" if "wave" in sys.modules and "colorsys" in sys.modules else "missing")
-"""
-
-
-def test_a_celery_worker_preloads_the_modules_when_it_starts_not_before():
-    env = {**os.environ, "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "pipeline.airflow.warm.CELERY_CONFIG",
-           "PIPELINE_PRELOAD": "wave, pipeline_no_such_module,colorsys"}
-    done = subprocess.run([sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()
-    assert lines[-1] == "imported"
-    # The module that does not exist is reported and skipped; the others are still imported.
-    assert any("preloading pipeline_no_such_module failed: ModuleNotFoundError" in line for line in lines), lines
-    assert any("preloaded wave, colorsys in " in line for line in lines), lines
 
 
 @pytest.mark.parametrize(("value", "expected"), [
@@ -85,30 +57,6 @@ def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeyp
     assert autogroup.read_text() == "0"
 
 
-SESSION = """
-from pipeline.airflow import warm
-
-def niceness():
-    return open("/proc/self/autogroup").read().split()[-1]
-
-seen = []
-warm.preload = lambda names: seen.append(niceness())
-warm.preload_in_background(["this"], nice=19).join(60)
-print(seen[0], niceness())
-"""
-
-
-@pytest.mark.skipif(not warm.AUTOGROUP.exists(), reason="no autogroup scheduling on this kernel")
-def test_the_session_is_niced_only_while_the_preload_imports():
-    """On the real /proc/self/autogroup, in a session of its own (this one's is left alone)."""
-    before = warm.AUTOGROUP.read_text()
-    done = subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, timeout=300,
-                          start_new_session=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["19", "0"]
-    assert warm.AUTOGROUP.read_text() == before
-
-
 def test_a_session_already_niced_is_left_as_it_is(monkeypatch, tmp_path):
     """Two demos from one shell: the second finds the first's 19 and must not set it back to 19 after the first
     has set it back to 0."""
@@ -131,9 +79,14 @@ def test_a_task_waits_for_a_preload_that_is_importing(tmp_path, monkeypatch):
     """make demo's tasks run in the preloading process: a task that looked a module up in sys.modules while the
     thread imported it found it half-imported (matplotlib.use and matplotlib.pyplot failed an evaluate task)."""
     import threading
-    import time
+    import types
 
-    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(1.0)\nDONE = True\n")
+    from tests.services import wait_for
+
+    gate = types.SimpleNamespace(open=threading.Event())  # the module's import goes on once the gate opens
+    monkeypatch.setitem(sys.modules, "slow_to_import_gate", gate)
+    (tmp_path / "slow_to_import.py").write_text("import slow_to_import_gate\nslow_to_import_gate.open.wait(60)\n"
+                                                "DONE = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
     go = threading.Event()
@@ -141,27 +94,25 @@ def test_a_task_waits_for_a_preload_that_is_importing(tmp_path, monkeypatch):
     warm.settled()  # a preload still waiting for its event holds nothing up (make demo's first task)
     assert "slow_to_import" not in sys.modules
     go.set()
-    while "slow_to_import" not in sys.modules and thread.is_alive():
-        time.sleep(0.005)
+    wait_for(lambda: "slow_to_import" in sys.modules or not thread.is_alive(), "the preload to start importing",
+             timeout_s=60, poll_s=0.005)
     assert not hasattr(sys.modules["slow_to_import"], "DONE")  # half-imported, as the failing task saw it
+
+    task = threading.get_ident()
+
+    def open_the_gate_once_the_task_waits():
+        try:
+            wait_for(lambda: sys._current_frames()[task].f_code is warm.settled.__code__,
+                     "the task to wait in warm.settled()", timeout_s=60, poll_s=0.005)
+        finally:
+            gate.open.set()
+
+    opener = threading.Thread(target=open_the_gate_once_the_task_waits, daemon=True)
+    opener.start()
     warm.settled()
     assert sys.modules["slow_to_import"].DONE
+    opener.join(60)
     thread.join(60)
-
-
-def test_preloading_mlflow_also_maps_the_installed_distributions_once():
-    """log_model's requirement check maps every installed distribution (about 1.2 s) in each process that logs
-    its first model; a warm process has the map already. (A fresh process: MLflow keeps the map in a global.)"""
-    import subprocess
-
-    script = ("from pipeline.airflow import warm\n"
-              "from mlflow.utils import requirements_utils as r\n"
-              "assert r._MODULES_TO_PACKAGES is None\n"
-              "warm.preload(['mlflow.pyfunc'])\n"
-              "print(sorted(r._MODULES_TO_PACKAGES.get('torch', [])))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "['torch']"
 
 
 def test_a_failing_step_after_an_import_is_logged_and_skipped(monkeypatch, caplog):

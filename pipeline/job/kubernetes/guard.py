@@ -38,12 +38,10 @@ def main() -> int:
     request = orphaned_request()
     if request is None:
         return 0
-    from pipeline.job.kubernetes.place import Cluster
     from pipeline.job.kubernetes.manifest import Manifests
-    from kubernetes import client as k8s
+    from pipeline.job.kubernetes.place import Cluster
 
-    meta = k8s.V1ObjectMeta(name=request["name"], namespace=request["namespace"])
-    manifests = Manifests(job=k8s.V1Job(metadata=meta), service=k8s.V1Service(metadata=meta))
+    manifests = Manifests.named(request["namespace"], request["name"])
     cluster = Cluster(client_from(request["client"]))
     print(f"kube_guard: the task process ended without tearing down Job {request['namespace']}/{request['name']}: "
           f"deleting it and its Service", file=sys.stderr, flush=True)

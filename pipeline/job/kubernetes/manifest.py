@@ -47,6 +47,12 @@ class Manifests:
         """Label selector of the attempt's pods."""
         return f"{JOB_LABEL}={self.name}"
 
+    @classmethod
+    def named(cls, namespace: str, name: str) -> "Manifests":
+        """The attempt's objects by name alone: what deleting them needs."""
+        meta = k8s.V1ObjectMeta(name=name, namespace=namespace)
+        return cls(job=k8s.V1Job(metadata=meta), service=k8s.V1Service(metadata=meta))
+
 
 def label_value(text: str) -> str:
     """A label value (63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both ends); the exact

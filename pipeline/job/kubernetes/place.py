@@ -21,11 +21,13 @@ import threading
 import time
 from typing import Any, Callable
 
-from pipeline.job.kubernetes.state import failed_nodes, failed_what, is_started, job_condition, node_of, schedule_state
-from pipeline.job.kubernetes.manifest import CONTAINER, Manifests, build
 from pipeline.job import guard
+from pipeline.job.kubernetes.manifest import CONTAINER, Manifests, build
+from pipeline.job.kubernetes.state import is_started, node_of, verdict
+from pipeline.job.places import Clusters
 from pipeline.job.spec import JobSpec
-from pipeline.job.supervisor import Attempt, Ended
+from pipeline.job.policy import Ended
+from pipeline.job.spec import Attempt
 
 log = logging.getLogger(__name__)
 
@@ -34,26 +36,13 @@ GONE_TIMEOUT_S = 120.0
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
-def api_client(connection_id: str):
-    """The official client's ``ApiClient`` for the Kubernetes provider's Airflow connection."""
-    from pipeline.airflow.connections import kubernetes_client
-
-    return kubernetes_client(connection_id)
-
-
 def manifests_for(attempt: Attempt) -> Manifests:
-    """The Job and Service of one attempt (``pipeline.job.supervisor.Attempt``): the ranks' environment
+    """The Job and Service of one attempt (``pipeline.job.spec.Attempt``): the ranks' environment
     every place gives them; names unique per DAG run, task, try and restart."""
-    spec, restart = attempt.spec, attempt.restart
-    entry, no_python, launch = list(spec.entry), spec.no_python, spec.launch
-    if spec.toolchain:  # the toolchain's image: its python runs the agent and the ranks
-        from pipeline import toolchains
-
-        toolchain = toolchains.get(spec.toolchain)
-        entry, no_python, launch = toolchain.rank_entry(entry, no_python), True, toolchain.launch_in_image(launch)
-    return build(name=attempt.id, entry=entry, launch=launch,
-                 env=attempt.env(), labels={**spec.labels, "restart": str(restart)},
-                 log_dir=str(attempt.log_dir), job_dir=str(spec.files.root), no_python=no_python)
+    spec = attempt.spec
+    return build(name=attempt.id, entry=list(spec.entry), launch=spec.launch, env=attempt.env(),
+                 labels={**spec.labels, "restart": str(attempt.restart)}, log_dir=str(attempt.log_dir),
+                 job_dir=str(spec.files.root), no_python=spec.no_python)
 
 
 class Cluster:
@@ -171,12 +160,13 @@ class KubernetesPlace:
     waits in the triggerer (``pipeline.job.kubernetes.watch``) and tears them down by name."""
 
     watch = "pipeline.job.kubernetes.watch:PodsWatch"
+    restarts_itself = False
+    poll_s = POLL_S
 
-    def __init__(self, spec: JobSpec, client_factory: Callable[[str], Any] = api_client):
+    def __init__(self, spec: JobSpec, clusters: Clusters):
         manifests_for(Attempt(spec, 0))  # a bad launch.kubernetes.* value fails here, before anything is created
         self.spec = spec
-        self.poll_s = POLL_S
-        self._client_factory = client_factory
+        self._clusters = clusters
         self._cluster: Cluster | None = None
         self._current: Manifests | None = None
         self._guard: subprocess.Popen | None = None
@@ -186,7 +176,7 @@ class KubernetesPlace:
     @property
     def cluster(self) -> Cluster:
         if self._cluster is None:
-            self._cluster = Cluster(self._client_factory(self.spec.launch.kubernetes.connection_id))
+            self._cluster = Cluster(self._clusters.kubernetes_client(self.spec.launch.kubernetes.connection_id))
         return self._cluster
 
     def submit(self, attempt: Attempt, emit: Callable[[str], None]) -> Manifests:
@@ -221,40 +211,30 @@ class KubernetesPlace:
         self._emit = emit
         self._running = False
         self._last_detail: str | None = None
-        self._schedule_deadline = time.monotonic() + self.spec.launch.kubernetes.schedule_timeout_s
+        self._started = time.monotonic()
         self.submit(attempt, emit)
 
     def poll(self) -> Ended | None:
         m, logs, nnodes = self._current, self._logs, self.spec.launch.nnodes
         if m is None or logs is None:
             return Ended("stopped")
-        job, pods = self.cluster.job(m), self.cluster.pods(m)
+        pods = self.cluster.pods(m)
         logs.follow(pods)
-        ended = job_condition(job)
-        if not self._running:
-            state, detail, hopeless = schedule_state(job, pods, nnodes)
-            if state == "ready" or (ended and ended[0] == "Complete"):
-                self._emit(f"all {nnodes} pod(s) of {m.name} are running")
-                self._running = True
-            else:
-                if detail != self._last_detail:
-                    self._emit(f"waiting for pods: {detail}")
-                    self._last_detail = detail
-                if hopeless or (ended and ended[0] == "Failed"):
-                    return Ended("not_started", f"Job {m.name} could not start: {detail or ended[1]}")
-                if time.monotonic() > self._schedule_deadline:
-                    return Ended("not_started", f"the pods of Job {m.name} were not all running within launch."
-                                                f"kubernetes.schedule_timeout_s={self.spec.launch.kubernetes.schedule_timeout_s:g}s: {detail}")
-                return None
-        failed = failed_nodes(pods)
-        if failed or (ended and ended[0] == "Failed"):
-            logs.join(timeout_s=10, pods=[pod for pod, _ in failed.values()])  # the failed pods' last lines first
-            return Ended("failed", f"Job {m.name}: {failed_what(failed, ended)}")
-        if ended and ended[0] == "Complete":
+        now = verdict(self.cluster.job(m), pods, name=m.name, nnodes=nnodes, running=self._running,
+                      waited_s=time.monotonic() - self._started,
+                      schedule_timeout_s=self.spec.launch.kubernetes.schedule_timeout_s)
+        if now.running and not self._running:
+            self._emit(f"all {nnodes} pod(s) of {m.name} are running")
+        elif not now.running and now.detail != self._last_detail:
+            self._emit(f"waiting for pods: {now.detail}")
+            self._last_detail = now.detail
+        self._running = now.running
+        if now.end is not None and now.end.status == "failed":
+            logs.join(timeout_s=10, pods=list(now.failed_pods))  # the failed pods' last lines first
+        elif now.end is not None and now.end.status == "succeeded":
             logs.join(timeout_s=30)  # the last lines before the result
-            self._emit(f"Job {m.name} completed")
-            return Ended("succeeded")
-        return None
+            self._emit(now.end.message)
+        return now.end
 
     def stop(self, grace_period_s: float) -> None:
         with self._lock:

@@ -1,14 +1,17 @@
-"""Reading a training Job's pods: which node each is, why one is not running yet, how one failed.
+"""Reading a training Job's pods: which node each is, why one is not running yet, how one failed, and the one
+verdict on an attempt (``verdict``).
 
-Plain functions of the API's objects, shared by the launcher (the official client) and the
-deferrable trigger (its asyncio twin, whose models have the same attributes).
+Plain functions of the API's objects, shared by the place (the official client) and the triggerer's watch
+(its asyncio twin, whose models have the same attributes).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.job.kubernetes.manifest import COMPLETION_INDEX
+from pipeline.job.policy import Ended
 
 IMAGE_PULL = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
 IMAGE_FATAL = {"InvalidImageName", "ErrImageNeverPull"}  # no later pull can succeed
@@ -123,3 +126,40 @@ def failed_what(failed: dict[int, tuple[str, str]], ended: tuple[str, str] | Non
         node, (pod, how) = min(failed.items())
         return f"node {node} (pod {pod}) {how}"
     return f"the Job failed ({ended[1] if ended else 'unknown'})"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Where an attempt's pods stand: ``running`` once every pod has run (or the Job completed); while not,
+    ``detail`` says what each node waits for; ``end`` once the attempt has ended, with ``failed_pods`` (whose
+    last log lines go first)."""
+
+    running: bool
+    detail: str = ""
+    end: Ended | None = None
+    failed_pods: tuple[str, ...] = ()
+
+
+def verdict(job: Any, pods: list[Any], *, name: str, nnodes: int, running: bool, waited_s: float,
+            schedule_timeout_s: float) -> Verdict:
+    """The attempt's state from its Job and pods: every pod must be running within ``schedule_timeout_s``
+    (``waited_s`` so far; ``running``: they were at an earlier look), else it did not start, and says why
+    (unschedulable, an image pull failure, a crash); then the first failed pod or the Job's end ends it."""
+    ended = job_condition(job)
+    if not running and not (ended and ended[0] == "Complete"):
+        state, detail, hopeless = schedule_state(job, pods, nnodes)
+        if state != "ready":
+            if hopeless or (ended and ended[0] == "Failed"):
+                return Verdict(False, detail, Ended("not_started", f"Job {name} could not start: {detail or ended[1]}"))
+            if waited_s > schedule_timeout_s:
+                return Verdict(False, detail, Ended(
+                    "not_started", f"the pods of Job {name} were not all running within launch.kubernetes."
+                                   f"schedule_timeout_s={schedule_timeout_s:g}s: {detail}"))
+            return Verdict(False, detail)
+    failed = failed_nodes(pods)
+    if failed or (ended and ended[0] == "Failed"):
+        return Verdict(True, end=Ended("failed", f"Job {name}: {failed_what(failed, ended)}"),
+                       failed_pods=tuple(pod for pod, _ in failed.values()))
+    if ended and ended[0] == "Complete":
+        return Verdict(True, end=Ended("succeeded", f"Job {name} completed"))
+    return Verdict(True)

@@ -1,11 +1,10 @@
 """Watching a training Job's pods from Airflow's triggerer (``launch.kubernetes.deferrable``).
 
 ``PodsWatch`` is the Kubernetes place's ``poll`` with the asyncio client, for ``AttemptTrigger``
-(``pipeline.airflow.trigger``): every pod must run within the schedule timeout (the same reasons when
-one does not), every pod's log goes to the task log as it is written, prefixed with its node rank,
-and the first failed pod or the Job's end is the attempt's end. ``stop`` deletes the Job (foreground:
-its pods first) and the Service: the triggerer calls it when a user marks the deferred task failed or
-success, or clears it.
+(``pipeline.airflow.trigger``): the same verdict on the pods (``pipeline.job.kubernetes.state.verdict``), and
+every pod's log in the task log as it is written, prefixed with its node rank. ``stop`` deletes the Job
+(foreground: its pods first) and the Service as the place does (``Cluster.delete``, in a thread): the triggerer
+calls it when a user marks the deferred task failed or success, or clears it.
 """
 
 from __future__ import annotations
@@ -15,28 +14,24 @@ import logging
 import time
 from typing import Any
 
-from pipeline.job.kubernetes.state import failed_nodes, failed_what, is_started, job_condition, node_of, schedule_state
 from pipeline.job.kubernetes.manifest import CONTAINER, JOB_LABEL
-from pipeline.job.supervisor import Ended
+from pipeline.job.kubernetes.state import is_started, node_of, verdict
+from pipeline.job.places import Clusters
+from pipeline.job.policy import Ended
 
 
 class PodsWatch:
     def __init__(self, *, connection_id: str, namespace: str, name: str, nnodes: int, schedule_timeout_s: float,
-                 created_at: float, log: logging.Logger):
-        self.connection_id, self.namespace, self.name = connection_id, namespace, name
+                 clusters: Clusters, created_at: float, log: logging.Logger):
+        self.connection_id, self.namespace, self.name, self.clusters = connection_id, namespace, name, clusters
         self.nnodes, self.schedule_timeout_s, self.created_at, self.log = nnodes, schedule_timeout_s, created_at, log
         self.streams: dict[str, asyncio.Task] = {}
         self.running = False
         self.last: str | None = None
         self._api = None
 
-    def _connection(self):
-        from pipeline.airflow.connections import kubernetes_async_connection
-
-        return kubernetes_async_connection(self.connection_id)
-
     async def __aenter__(self) -> "PodsWatch":
-        self._conn = self._connection()
+        self._conn = self.clusters.kubernetes_async(self.connection_id)
         self._api = await self._conn.__aenter__()
         return self
 
@@ -55,33 +50,21 @@ class PodsWatch:
             if pod.metadata.name not in self.streams and is_started(pod):
                 self.streams[pod.metadata.name] = asyncio.create_task(
                     self._stream(core, pod.metadata.name, node_of(pod)))
-        ended = job_condition(job)
-        if not self.running:
-            state, detail, hopeless = schedule_state(job, pods, self.nnodes)
-            if state == "ready" or (ended and ended[0] == "Complete"):
-                self.running = True
-                self.log.info("all %d pod(s) of %s are running", self.nnodes, self.name)
-            else:
-                if detail != self.last:
-                    self.log.info("waiting for pods: %s", detail)
-                    self.last = detail
-                if hopeless or (ended and ended[0] == "Failed"):
-                    return Ended("not_started", f"Job {self.name} could not start: {detail or ended[1]}")
-                if time.time() - self.created_at > self.schedule_timeout_s:
-                    return Ended("not_started", f"the pods of Job {self.name} were not all running within "
-                                                f"launch.kubernetes.schedule_timeout_s={self.schedule_timeout_s:g}s: {detail}")
-                return None
-        failed = failed_nodes(pods)
-        if failed or (ended and ended[0] == "Failed"):
-            ended_streams = [self.streams[pod] for pod, _ in failed.values() if pod in self.streams]
+        now = verdict(job, pods, name=self.name, nnodes=self.nnodes, running=self.running,
+                      waited_s=time.time() - self.created_at, schedule_timeout_s=self.schedule_timeout_s)
+        if now.running and not self.running:
+            self.log.info("all %d pod(s) of %s are running", self.nnodes, self.name)
+        elif not now.running and now.detail != self.last:
+            self.log.info("waiting for pods: %s", now.detail)
+            self.last = now.detail
+        self.running = now.running
+        if now.end is not None and now.end.status == "failed":
+            ended_streams = [self.streams[pod] for pod in now.failed_pods if pod in self.streams]
             if ended_streams:
                 await asyncio.wait(ended_streams, timeout=10)  # the failed pods' last lines first
-            return Ended("failed", f"Job {self.name}: {failed_what(failed, ended)}")
-        if ended and ended[0] == "Complete":
-            if self.streams:
-                await asyncio.wait(list(self.streams.values()), timeout=30)  # the last lines before the event
-            return Ended("succeeded", f"Job {self.name} completed")
-        return None
+        elif now.end is not None and now.end.status == "succeeded" and self.streams:
+            await asyncio.wait(list(self.streams.values()), timeout=30)  # the last lines before the event
+        return now.end
 
     async def _stream(self, core, pod: str, node: int) -> None:
         try:
@@ -96,15 +79,9 @@ class PodsWatch:
             self.log.info("[node %d] (log stream of %s ended: %s)", node, pod, type(exc).__name__)
 
     async def stop(self) -> None:
-        from kubernetes_asyncio import client as k8s
-        from kubernetes_asyncio.client.exceptions import ApiException
+        from pipeline.job.kubernetes.manifest import Manifests
+        from pipeline.job.kubernetes.place import Cluster
 
         self.log.info("deleting Job %s/%s, its pods and its Service", self.namespace, self.name)
-        options = k8s.V1DeleteOptions(propagation_policy="Foreground")
-        async with self._connection() as api:
-            for delete in (k8s.BatchV1Api(api).delete_namespaced_job, k8s.CoreV1Api(api).delete_namespaced_service):
-                try:
-                    await delete(self.name, self.namespace, body=options)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
+        client = await asyncio.to_thread(self.clusters.kubernetes_client, self.connection_id)
+        await asyncio.to_thread(Cluster(client).delete, Manifests.named(self.namespace, self.name))

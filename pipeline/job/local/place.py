@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pipeline import settings, toolchains
-from pipeline.data.shm import clean_stale_shared_memory
+from pipeline import settings
 from pipeline.errors import ConfigError
-from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.supervisor import Attempt, Ended
+from pipeline.job.places import Clusters
+from pipeline.job.policy import Ended
+from pipeline.job.spec import Attempt, JobSpec
+from pipeline.job_files import DUMP_SIGNAL
 from pipeline.processes import alive, descendants
-from pipeline.train.progress import DUMP_SIGNAL
 
 log = logging.getLogger(__name__)
 
@@ -74,38 +74,29 @@ class LocalPlace:
     in ``init_process_group`` in two of three tries.
     """
 
-    def __init__(self, spec: JobSpec):
-        launch = spec.launch
-        if launch.nnodes > 1 and not launch.rdzv_endpoint:
-            raise ConfigError(f"launch.nnodes={launch.nnodes} with the local launcher needs launch.rdzv_endpoint "
-                              f"(HOST:PORT of the c10d rendezvous that every node's launcher joins)")
-        if launch.gpus_per_node:
+    restarts_itself = False
+    poll_s = 0.5
+
+    def __init__(self, spec: JobSpec, clusters: Clusters | None = None):
+        if spec.launch.gpus_per_node:
             import torch
 
             found = torch.cuda.device_count()
-            if found < launch.gpus_per_node:
-                raise ConfigError(f"launch.gpus_per_node={launch.gpus_per_node}: this node has {found} GPU(s)")
-        # A toolchain that is not built fails here, before anything starts, as a user error (not retried).
-        self.toolchain = toolchains.get(spec.toolchain).require() if spec.toolchain else None
+            if found < spec.launch.gpus_per_node:
+                raise ConfigError(f"launch.gpus_per_node={spec.launch.gpus_per_node}: this node has {found} GPU(s)")
         self.spec = spec
         self.proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
 
     def start(self, attempt: Attempt, emit: Callable[[str], None]) -> None:
         spec, launch = self.spec, self.spec.launch
-        clean_stale_shared_memory()  # logs what it removed, once
-        entry, no_python, python = list(spec.entry), spec.no_python, sys.executable
-        if self.toolchain is not None:  # the toolchain's own agent and ranks: one torch on both sides of the store
-            entry, no_python, python = self.toolchain.rank_entry(entry, no_python), True, str(self.toolchain.python)
         command = torchrun_command(
-            entry, nproc_per_node=launch.nproc_per_node, nnodes=launch.nnodes, min_nnodes=launch.min_nnodes,
-            node_rank=launch.node_rank, rdzv_endpoint=launch.rdzv_endpoint or None, no_python=no_python,
-            log_dir=attempt.log_dir, rdzv_id=attempt.name, python=python,
+            spec.entry, nproc_per_node=launch.nproc_per_node, nnodes=launch.nnodes, min_nnodes=launch.min_nnodes,
+            node_rank=launch.node_rank, rdzv_endpoint=launch.rdzv_endpoint or None, no_python=spec.no_python,
+            log_dir=attempt.log_dir, rdzv_id=attempt.name, python=spec.python or sys.executable,
         )
         env = {**os.environ, **attempt.env(), "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT), env.get("PYTHONPATH")]))
-        if self.toolchain is not None:
-            env = self.toolchain.rank_env(env, settings.PROJECT_ROOT)
         emit("launching: " + " ".join(command))
         guard = [sys.executable, "-m", "pipeline.job.local.guard", f"--grace-period-s={launch.grace_period_s}",
                  f"--parent-pid={os.getpid()}", "--"]
@@ -135,17 +126,6 @@ class LocalPlace:
 
     def dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
         dump_local_stacks(beats)
-
-
-def run_torchrun(entry: Sequence[str], *, job_dir: Path, emit: Callable[[str], None] | None = None,
-                 env: dict[str, str] | None = None, no_python: bool = False, **launch) -> dict | None:
-    """Run one supervised local torchrun job to completion; ``launch``: ``launch.*`` fields
-    (nproc_per_node, max_restarts, stall_timeout_s, ...). Returns rank 0's result, if it wrote one."""
-    from pipeline.job.supervisor import Job
-
-    spec = JobSpec(entry=list(entry), job_dir=Path(job_dir), launch=launch_config({"kind": "local", **launch}),
-                   env=dict(env or {}), no_python=no_python)
-    return Job(spec).run(emit)
 
 
 def dump_local_stacks(beats: dict) -> None:

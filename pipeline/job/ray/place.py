@@ -35,9 +35,11 @@ from typing import Any, Callable
 from pipeline import settings
 from pipeline.errors import ConfigError
 from pipeline.job import guard
+from pipeline.job.places import Clusters
 from pipeline.job.ray.cluster import LocalCluster, cluster_state, jobs_client
 from pipeline.job.spec import JobSpec
-from pipeline.job.supervisor import Attempt, Ended
+from pipeline.job.policy import Ended
+from pipeline.job.spec import Attempt
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +52,9 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|CREDENTIAL|(^|_)KEY($|_)", re.IGNORECASE)
 
 
-def cluster_of(spec: JobSpec) -> tuple[str | None, str | None]:
+def cluster_of(spec: JobSpec, clusters: Clusters) -> tuple[str | None, str | None]:
     """(address, token) of the configured cluster; address None: a local cluster for the task."""
-    from pipeline.airflow.connections import ray_connection
-
-    address, token = ray_connection(spec.launch.ray.connection_id)
+    address, token = clusters.ray(spec.launch.ray.connection_id)
     return spec.launch.ray.address or address, token
 
 
@@ -90,16 +90,12 @@ class RayPlace:
     ``watch`` are what the deferred form (``pipeline.airflow.deferred``) uses."""
 
     watch = "pipeline.job.ray.watch:RayJobWatch"
-    restarts_itself = True  # Ray Train replaces failed workers within the attempt
+    restarts_itself = True  # Ray Train replaces failed workers within the attempt (pipeline.job.ray.worker)
+    poll_s = POLL_S
 
-    def __init__(self, spec: JobSpec):
-        if spec.toolchain:
-            raise ConfigError(f"toolchain {spec.toolchain!r} with launch.kind=ray: a Ray cluster's workers run the "
-                              f"project's environment, not a toolchain's; use launch.kind=local or kubernetes "
-                              f"(the toolchain's image)")
+    def __init__(self, spec: JobSpec, clusters: Clusters):
         self.spec = spec
-        self.poll_s = POLL_S
-        self.address, self.token = cluster_of(spec)
+        self.address, self.token = cluster_of(spec, clusters)
         if spec.launch.ray.deferrable and not self.address:
             raise ConfigError("launch.ray.deferrable needs a cluster that outlives the task (launch.ray.address or "
                               f"the connection {spec.launch.ray.connection_id!r}): a local one lives in the task")

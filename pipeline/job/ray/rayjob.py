@@ -25,7 +25,7 @@ from pipeline.errors import ConfigError
 from pipeline.job.kubernetes.manifest import (LABEL_PREFIX, check_job_folder, deserialize, node_container,
                                               node_pod_spec, object_labels, serialize)
 from pipeline.job.ray.place import job_request
-from pipeline.job.supervisor import Attempt
+from pipeline.job.spec import Attempt
 
 API_VERSION, KIND, PLURAL = "ray.io/v1", "RayJob", "rayjobs"
 # KubeRay names the RayCluster NAME-xxxxx and refuses a RayJob name over 47 characters or not a DNS-1035 label.
@@ -42,7 +42,7 @@ ROLE_RULES = [{"apiGroups": ["ray.io"], "resources": [PLURAL], "verbs": ["create
 
 
 def rayjob_for(attempt: Attempt) -> dict[str, Any]:
-    """The RayJob of one attempt (``pipeline.job.supervisor.Attempt``), as the API takes it (JSON)."""
+    """The RayJob of one attempt (``pipeline.job.spec.Attempt``), as the API takes it (JSON)."""
     spec = attempt.spec
     return build(name=rayjob_name(attempt.id), request=job_request(attempt, local=False), launch=spec.launch,
                  labels={**spec.labels, "restart": str(attempt.restart)}, job_dir=str(spec.files.root))

@@ -16,13 +16,15 @@ import time
 from typing import Any
 
 from pipeline.job.ray.place import STOP_TIMEOUT_S, JobLog, job_end, stop_job
-from pipeline.job.supervisor import Ended
+from pipeline.job.places import Clusters
+from pipeline.job.policy import Ended
 
 
 class RayJobWatch:
     def __init__(self, *, address: str, connection_id: str, submission_id: str, start_timeout_s: float,
-                 created_at: float, log: logging.Logger):
+                 clusters: Clusters, created_at: float, log: logging.Logger):
         self.address, self.connection_id, self.submission_id = address, connection_id, submission_id
+        self.clusters = clusters
         self.start_timeout_s, self.created_at, self.log = start_timeout_s, created_at, log
         self._client = None
         self._log: JobLog | None = None
@@ -30,10 +32,9 @@ class RayJobWatch:
 
     async def _jobs_client(self):
         if self._client is None:
-            from pipeline.airflow.connections import ray_connection
             from pipeline.job.ray.cluster import jobs_client
 
-            _, token = await asyncio.to_thread(ray_connection, self.connection_id)
+            _, token = await asyncio.to_thread(self.clusters.ray, self.connection_id)
             self._client = await asyncio.to_thread(jobs_client, self.address, token)
         return self._client
 

@@ -1,5 +1,5 @@
 """What runs inside the Ray job: each Ray Train worker runs the job's entry as a torchrun rank would, and the
-failure policy that keeps a user error from being retried.
+failure policy that asks the supervisor's restart decision.
 
 Ray Train has set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR/PORT`` and
 initialised the process group before ``run_rank`` is called (``pipeline.train.distributed.setup`` joins it
@@ -85,37 +85,38 @@ def _restarts(config: dict[str, Any]) -> int:
 
 
 def failure_policy(job_dir: str, max_restarts: int):
-    """Ray Train's default failure policy, in the supervisor's terms: a rank's user error (reported to the job
-    folder's errors) ends the run at once (a bad config or bad data fails the same way on every restart),
-    and every restart is announced as the supervisor announces its own, with why (a preemption's step)."""
+    """Ray Train's failure policy, deciding by the supervisor's one restart decision (``pipeline.job.policy.decide``)
+    on what the ranks left in the job folder: a rank's user error ends the run at once, a preempted or failed
+    worker group is restarted while ``max_restarts`` allows, and each restart is announced as the supervisor
+    announces its own. A worker group that could not start is Ray's own budget (``controller_failure_limit``),
+    not a restart. Ray Train has no public hook for a failure policy: ``pipeline.job.ray.entry`` installs this one
+    in place of the default that ``FailureConfig`` builds."""
     from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy
     from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
     from ray.train.v2.api.exceptions import ControllerError
+
+    from pipeline.job.policy import Ended, Findings, decide
+    from pipeline.job_files import JobFiles
 
     class SupervisorsPolicy(DefaultFailurePolicy):
         restarts = 0
 
         def make_decision(self, training_failed_error):
-            from pipeline.errors import reported_user_error
-            from pipeline.job.spec import JobFiles
-            from pipeline.train.progress import PREEMPTION_FILE, read_preemption
-
+            if isinstance(training_failed_error, ControllerError):
+                decision = super().make_decision(training_failed_error)
+                if decision == FailureDecision.RETRY:
+                    print(f"Ray Train could not start the worker group ({_first_line(training_failed_error)}); "
+                          f"trying again", flush=True)
+                return decision
             files = JobFiles(Path(job_dir))
-            if reported_user_error(files.errors) is not None:
+            decision = decide(Ended("failed", f"a worker failed: {_first_line(training_failed_error)}"),
+                              Findings.read(files), restart=self.restarts, max_restarts=max_restarts)
+            if decision.action != "restart":
                 return FailureDecision.RAISE
-            decision = super().make_decision(training_failed_error)
-            if decision == FailureDecision.RETRY and isinstance(training_failed_error, ControllerError):
-                print(f"Ray Train could not start the worker group ({_first_line(training_failed_error)}); "
-                      f"trying again", flush=True)  # its own budget (controller_failure_limit), not a restart
-            elif decision == FailureDecision.RETRY:
-                self.restarts += 1
-                preempted = read_preemption(files.progress)
-                why = (f"the ranks were sent SIGTERM (an eviction or a stop) and checkpointed at step {preempted['step']}"
-                       if preempted else f"a worker failed: {_first_line(training_failed_error)}")
-                (files.progress / PREEMPTION_FILE).unlink(missing_ok=True)  # this restart's, not the next one's
-                print(f"{why}; restarting every rank ({self.restarts} of {max_restarts}); training resumes from "
-                      f"its last checkpoint", flush=True)
-            return decision
+            self.restarts += 1
+            files.clear_preemption()  # this restart's, not the next one's
+            print(decision.notice, flush=True)
+            return FailureDecision.RETRY
 
     return SupervisorsPolicy
 

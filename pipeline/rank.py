@@ -1,5 +1,6 @@
-"""Training entrypoint: ``python -m pipeline.train --config FILE ...`` alone, or under ``torchrun -m pipeline.train``
-(a launcher exports the job folder as ``PIPELINE_JOB_DIR``)."""
+"""One rank of a recipe's training job: ``python -m pipeline.rank --config FILE ...`` alone, or under
+``torchrun -m pipeline.rank`` (a launcher exports the job folder as ``PIPELINE_JOB_DIR``). It stands above the
+recipes and the loop: it looks the recipe up by name and hands the loop its config and hooks."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from pipeline.config_fields import parse_set_args
-from pipeline.errors import user_errors_reported
+from pipeline.job_files import user_errors_reported
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pipeline.rank", description=__doc__)
     parser.add_argument("--config", type=Path, help="resolved config JSON (PipelineConfig.to_dict: it names its "
                         "recipe); under a launcher, the job folder's config.json")
     parser.add_argument("--recipe", help="registered recipe name (pipeline.recipes), e.g. tabular_mlp: the config "
@@ -33,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def resolve(args: argparse.Namespace):
     """(recipe, config, job folder) from the arguments and the environment the launcher exported."""
     from pipeline.errors import ConfigError
-    from pipeline.job.spec import JobFiles
+    from pipeline.job_files import JobFiles
     from pipeline.recipes import config_from_dict, get_recipe
 
     if args.config:
@@ -45,11 +46,11 @@ def resolve(args: argparse.Namespace):
         recipe = get_recipe(args.recipe)
         cfg = recipe.config(args.variant)
     else:
-        raise ConfigError("python -m pipeline.train needs --config FILE (it names its recipe) or --recipe NAME")
+        raise ConfigError("python -m pipeline.rank needs --config FILE (it names its recipe) or --recipe NAME")
     exported = JobFiles.from_env()
     out = args.out or (exported.root if exported else None)
     if out is None:
-        raise ConfigError("python -m pipeline.train needs --out DIR when no launcher exported PIPELINE_JOB_DIR")
+        raise ConfigError("python -m pipeline.rank needs --out DIR when no launcher exported PIPELINE_JOB_DIR")
     return recipe, cfg.with_overrides(parse_set_args(args.overrides)), out
 
 
@@ -68,4 +69,4 @@ if __name__ == "__main__":
     code = main()  # a failure raises: the interpreter's own exit prints it
     from pipeline.process_exit import exit_main
 
-    exit_main("pipeline.train", code)
+    exit_main("pipeline.rank", code)

@@ -1,4 +1,4 @@
-"""Run one pickled Python function on every rank: ``torchrun -m pipeline.job.function PAYLOAD RESULT``.
+"""Run one pickled Python function on every rank: ``torchrun -m pipeline.train.function PAYLOAD RESULT``.
 
 The payload is ``cloudpickle.dumps((function, args, kwargs))``. The process group is initialized
 before the function is called (gloo on CPU, nccl on GPU) and destroyed after it returns, so the
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from pipeline.errors import user_errors_reported
+from pipeline.job_files import user_errors_reported
 
 
 @record
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     payload, result = (argv if argv is not None else sys.argv[1:])[:2]
     function, args, kwargs = cloudpickle.loads(Path(payload).read_bytes())
-    ctx = distributed.setup(os.environ.get("PIPELINE_BACKEND", "auto"))
+    ctx = distributed.setup()  # the launcher's launch.backend
     try:
         with user_errors_reported():  # a UserError from the function fails the task without retries
             value = function(*args, **kwargs)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pipeline.errors import TrainingFailed, TrainingStalled, TrainingTimedOut, UserError
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 from tests.processes import cmdline, pids_with, wait_until_gone
 
 pytestmark = pytest.mark.distributed
@@ -29,7 +29,8 @@ SCRIPT = textwrap.dedent(
         if mode == "fail" and rank == 1:
             raise ValueError("boom from rank 1")
         if mode == "user_error" and rank == 1:
-            from pipeline.errors import DataError, user_errors_reported
+            from pipeline.errors import DataError
+            from pipeline.job_files import user_errors_reported
 
             with user_errors_reported():
                 raise DataError("shard 3, row 17, column 'x': value 'abc'; expected a number")
@@ -39,7 +40,7 @@ SCRIPT = textwrap.dedent(
             time.sleep(600)
         if mode == "native_hang":  # a decoder stuck in native code, deaf to SIGTERM (libpng's hang was so)
             import ctypes, signal
-            from pipeline.train.progress import Heartbeat
+            from pipeline.job_files import Heartbeat
 
             Heartbeat.from_env().beat(1, total=10, force=True)  # training has begun: the stall clock runs
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
@@ -134,7 +135,7 @@ def test_killing_the_supervising_process_stops_every_rank(script_dir, tmp_path, 
         f"""
         import sys
         sys.path.insert(0, {str(script_dir)!r})
-        from pipeline.job.local.place import run_torchrun
+        from tests.jobs import run_torchrun
         from pathlib import Path
         run_torchrun(["-m", "toy_job", "sleep", {marker!r}], nproc_per_node=2, job_dir=Path({str(tmp_path / "job")!r}),
                      env={{"PYTHONPATH": {str(script_dir)!r}}}, grace_period_s=3, emit=print)
@@ -210,17 +211,3 @@ def test_ranks_orphaned_by_a_killed_torchrun_agent_are_stopped_by_the_guard(scri
     thread.join(timeout=30)
     assert errors, "the launch did not fail"
     assert wait_until_gone(marker) == []
-
-
-def test_an_elastic_job_asks_torchrun_for_a_range_of_nodes_and_kubernetes_refuses_it(tmp_path):
-    from pipeline.errors import ConfigError
-    from pipeline.job.kubernetes.manifest import check
-    from pipeline.job.local.place import torchrun_command
-    from pipeline.job.spec import launch_config
-
-    elastic = torchrun_command(["x.py"], nproc_per_node=2, nnodes=4, min_nnodes=2, rdzv_endpoint="h:29400",
-                               log_dir=tmp_path)
-    fixed = torchrun_command(["x.py"], nproc_per_node=2, nnodes=4, rdzv_endpoint="h:29400", log_dir=tmp_path)
-    assert "--nnodes=2:4" in elastic and "--nnodes=4" in fixed
-    with pytest.raises(ConfigError, match="launch.min_nnodes=1: the Kubernetes place runs an indexed Job"):
-        check(launch_config({"kind": "kubernetes", "nnodes": 2, "min_nnodes": 1}), str(tmp_path))

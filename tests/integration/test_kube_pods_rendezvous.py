@@ -24,9 +24,9 @@ import pytest
 
 from pipeline.job.kubernetes.place import manifests_for
 from pipeline.job.kubernetes.manifest import rendered_pod
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.supervisor import Attempt
+from pipeline.job.spec import Attempt
 
 pytestmark = pytest.mark.distributed
 

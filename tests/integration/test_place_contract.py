@@ -29,6 +29,7 @@ import pytest
 
 from pipeline.errors import (RankUserError, TrainingFailed, TrainingPreempted, TrainingStalled, TrainingStopped,
                              TrainingTimedOut)
+from pipeline.airflow.connections import AirflowClusters
 from pipeline.job.kubernetes import place as kube
 from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.supervisor import Job
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.distributed
 PLACES = ["local", "kubernetes", "kubernetes-deferred", pytest.param("ray", marks=pytest.mark.ray),
           pytest.param("ray-deferred", marks=pytest.mark.ray)]
 CONN = "k8s_contract"
-# What every place exports to every rank (pipeline.job.supervisor.Attempt.env).
+# What every place exports to every rank (pipeline.job.spec.Attempt.env).
 RANK_ENV = ("PIPELINE_JOB_DIR", "PIPELINE_CHECKPOINT_DIR", "PIPELINE_RESULT_FILE", "PIPELINE_PROGRESS_DIR",
             "PIPELINE_ERROR_DIR", "PIPELINE_TRY_NUMBER", "PIPELINE_RESTART_COUNT", "PIPELINE_BACKEND", "CONTRACT_VAR")
 
@@ -60,19 +61,20 @@ RANK = textwrap.dedent(
         if mode == "fail" and rank == 1:
             raise ValueError("boom from rank 1")
         if mode == "user_error" and rank == 1:
-            from pipeline.errors import DataError, user_errors_reported
+            from pipeline.errors import DataError
+            from pipeline.job_files import user_errors_reported
 
             with user_errors_reported():
                 raise DataError("shard 3, row 17: label 'x' is not a class")
         if mode == "stall":
-            from pipeline.train.progress import Heartbeat
+            from pipeline.job_files import Heartbeat
 
             Heartbeat.from_env().beat(5, total=100, force=True)
             time.sleep(600)
         if mode == "forever":
             time.sleep(600)
         if mode == "preempt" and restart == 0:
-            from pipeline.train.progress import PREEMPTED_EXIT_CODE, mark_preempted
+            from pipeline.job_files import PREEMPTED_EXIT_CODE, mark_preempted
 
             if rank == 0:
                 mark_preempted(Path(os.environ["PIPELINE_PROGRESS_DIR"]), rank=0, step=7)
@@ -128,6 +130,7 @@ class KubernetesPlace:
     def __init__(self, tmp_path: Path, monkeypatch):
         self.tmp_path = tmp_path
         monkeypatch.setattr(kube, "POLL_S", 0.1)
+        monkeypatch.setattr(kube.KubernetesPlace, "poll_s", 0.1)
         self.cluster = StandinCluster(kube_standin.nodes_run).__enter__()
         for key, value in self.cluster.connection_env(CONN).items():
             monkeypatch.setenv(key, value)
@@ -315,7 +318,7 @@ def place(request, tmp_path, monkeypatch):
 
 
 def job_for(place, spec: JobSpec):
-    return DeferredRun(spec) if place.deferred else Job(spec)
+    return DeferredRun(spec) if place.deferred else Job(spec, clusters=AirflowClusters())
 
 
 def run(place, mode: str, **launch):
@@ -425,14 +428,16 @@ def test_a_killed_task_process_leaves_nothing_running(place, tmp_path):
     spec = place.spec("forever")
     driver = textwrap.dedent(f"""
         from pathlib import Path
-        from pipeline.job.kubernetes import place as kube
+        from pipeline.airflow.connections import AirflowClusters
+from pipeline.job.kubernetes import place as kube
         from pipeline.job.spec import JobSpec, launch_config
         from pipeline.job.supervisor import Job
-        kube.POLL_S = 0.1
+        from pipeline.airflow.connections import AirflowClusters
+        kube.POLL_S = kube.KubernetesPlace.poll_s = 0.1
         spec = JobSpec(entry={list(spec.entry)!r}, job_dir=Path({str(spec.job_dir)!r}),
                        launch=launch_config({dataclasses.asdict(spec.launch)!r}),
                        env={spec.env!r}, name={spec.name!r}, labels={spec.labels!r})
-        Job(spec).run(lambda line: print(line, flush=True))
+        Job(spec, clusters=AirflowClusters()).run(lambda line: print(line, flush=True))
     """)
     proc = subprocess.Popen([sys.executable, "-c", driver], env={**os.environ}, stdout=subprocess.PIPE, text=True)
     try:
@@ -453,7 +458,7 @@ def test_a_ray_job_left_under_the_attempts_id_is_stopped_and_replaced(ray_addres
     under that id before then is failed by the old job's monitor)."""
     from pipeline.job.ray.cluster import jobs_client
     from pipeline.job.ray.place import job_request
-    from pipeline.job.supervisor import Attempt
+    from pipeline.job.spec import Attempt
 
     place = RayContractPlace(tmp_path, monkeypatch, ray_address)
     client = jobs_client(ray_address)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from pipeline.job.local.place import run_torchrun
+from tests.jobs import run_torchrun
 from pipeline.recipes import tabular_mlp
 
 pytestmark = pytest.mark.distributed
@@ -24,7 +24,7 @@ def test_two_ranks_train_in_lockstep(demo_parquet, tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     lines = []
     run_torchrun(
-        ["-m", "pipeline.train", "--recipe", "tabular_mlp", "--config", str(tmp_path / "config.json"),
+        ["-m", "pipeline.rank", "--recipe", "tabular_mlp", "--config", str(tmp_path / "config.json"),
          "--dataset", dataset.uri, "--out", str(tmp_path / "out")],
         job_dir=tmp_path / "out", nproc_per_node=2, emit=lines.append,
     )

@@ -1,0 +1,215 @@
+"""The job folder: what the launcher and the ranks of one training job share, and the only place its layout,
+its environment variables and its files' formats are written.
+
+The launcher exports the folder's paths to every rank (``JobFiles.env``: ``PIPELINE_JOB_DIR``,
+``PIPELINE_CHECKPOINT_DIR``, ``PIPELINE_RESULT_FILE``, ``PIPELINE_PROGRESS_DIR``, ``PIPELINE_ERROR_DIR``); the
+ranks write, and the supervisor reads:
+
+- heartbeats: each rank's ``progress/rank-R.json`` (pid, step, total, epoch, phase, time), at most every
+  ``interval_s`` and at once on an epoch or checkpoint boundary, replaced atomically; any training script can
+  call ``Heartbeat.from_env().beat(step)`` after each optimizer step. ``DUMP_SIGNAL`` makes a rank print its stacks;
+- the preemption marker: when the ranks stop on SIGTERM (an eviction, a spot reclaim), rank 0 writes
+  ``progress/preempted.json`` once the checkpoint of the step they agreed on is saved, and every rank exits
+  with ``PREEMPTED_EXIT_CODE``: the attempt is restarted and resumes at that step;
+- user errors: a rank that raises a ``UserError`` writes ``errors/rank-R.json`` (``user_errors_reported``)
+  before it dies, and the launcher raises it as a ``RankUserError`` (``reported_user_error``), so neither a
+  restart nor a retry follows;
+- rank 0's result (``result.json``, the task's XCom) and metrics (``metrics.jsonl``, relayed to MLflow).
+
+Standard library only: the launcher, every rank and a toolchain's own interpreter import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import RankUserError, UserError
+
+JOB_DIR_ENV = "PIPELINE_JOB_DIR"
+CHECKPOINT_DIR_ENV = "PIPELINE_CHECKPOINT_DIR"
+RESULT_FILE_ENV = "PIPELINE_RESULT_FILE"
+PROGRESS_DIR_ENV = "PIPELINE_PROGRESS_DIR"
+ERROR_DIR_ENV = "PIPELINE_ERROR_DIR"
+DUMP_SIGNAL = signal.SIGUSR1  # the supervisor sends it to every rank before stopping a stalled job
+# EX_TEMPFAIL from sysexits.h: "try again later", which is what a preempted attempt asks for.
+PREEMPTED_EXIT_CODE = 75
+PREEMPTION_FILE = "preempted.json"
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """The layout of a job's folder; each path is exported to the ranks as an environment variable."""
+
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> "JobFiles | None":
+        """In a rank: the job folder the launcher exported (``PIPELINE_JOB_DIR``), if any."""
+        root = os.environ.get(JOB_DIR_ENV)
+        return cls(Path(root)) if root else None
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def result(self) -> Path:  # rank 0's JSON result: the task's XCom
+        return self.root / "result.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:  # rank 0's metrics, one JSON line per call; the task sends them to MLflow
+        return self.root / "metrics.jsonl"
+
+    @property
+    def progress(self) -> Path:  # per-rank heartbeats, read by the stall watchdog
+        return self.root / "progress"
+
+    @property
+    def errors(self) -> Path:  # user errors reported by ranks (user_errors_reported)
+        return self.root / "errors"
+
+    def logs(self, try_number: int) -> Path:
+        return self.root / f"logs-try{try_number}"
+
+    def env(self) -> dict[str, str]:
+        return {JOB_DIR_ENV: str(self.root), CHECKPOINT_DIR_ENV: str(self.checkpoints),
+                RESULT_FILE_ENV: str(self.result), PROGRESS_DIR_ENV: str(self.progress), ERROR_DIR_ENV: str(self.errors)}
+
+    def expand(self, text: str) -> str:
+        """``text`` with ``${PIPELINE_JOB_DIR}``, ``${PIPELINE_CHECKPOINT_DIR}`` (the variables of ``env``) replaced by
+        their paths: a CLI's arguments name the job's folders without a shell."""
+        paths = self.env()
+        return re.sub(r"\$\{(PIPELINE_[A-Z_]+)\}", lambda m: paths.get(m.group(1), m.group(0)), text)
+
+    def read_result(self) -> dict[str, Any] | None:
+        return json.loads(self.result.read_text()) if self.result.exists() else None
+
+    def begin_attempt(self, restart: int) -> None:
+        """The folder as attempt ``restart`` expects it: the previous attempt's heartbeats, user errors and
+        preemption marker are not this one's; a previous try's result is never reported."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if restart == 0:
+            self.result.unlink(missing_ok=True)
+        for folder in (self.progress, self.errors):
+            shutil.rmtree(folder, ignore_errors=True)
+        self.progress.mkdir(parents=True)
+
+    def clear_preemption(self) -> None:
+        """A restart inside one attempt (Ray Train's): the marker was the last start's, not the next one's."""
+        (self.progress / PREEMPTION_FILE).unlink(missing_ok=True)
+
+
+class Heartbeat:
+    """A rank's heartbeat file (see the module's description)."""
+
+    def __init__(self, directory: Path | None, rank: int, *, interval_s: float = 1.0):
+        self.path = Path(directory) / f"rank-{rank}.json" if directory else None
+        self.rank = rank
+        self.interval_s = interval_s
+        self._last_write = 0.0
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # A stalled rank prints where it is stuck when the watchdog asks, without being stopped.
+            faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+            self.beat(0, phase="starting", force=True)
+
+    @classmethod
+    def from_env(cls, rank: int | None = None) -> "Heartbeat":
+        directory = os.environ.get(PROGRESS_DIR_ENV)
+        return cls(Path(directory) if directory else None, int(os.environ.get("RANK", 0)) if rank is None else rank)
+
+    def beat(self, step: int, *, total: int | None = None, epoch: int | None = None,
+             phase: str = "training", force: bool = False) -> None:
+        if not self.path:
+            return
+        now = time.time()
+        if not force and now - self._last_write < self.interval_s:
+            return
+        self._last_write = now
+        _write_atomically(self.path, {"rank": self.rank, "pid": os.getpid(), "step": step, "total": total,
+                                      "epoch": epoch, "phase": phase, "time": now})
+
+
+def read_heartbeats(directory: Path) -> dict[int, dict[str, Any]]:
+    """The latest heartbeat of every rank, by rank (ranks that never wrote one are absent)."""
+    beats = {}
+    for path in Path(directory).glob("rank-*.json"):
+        try:
+            beat = json.loads(path.read_text())
+        except (OSError, ValueError):  # replaced between listing and reading
+            continue
+        beats[int(beat["rank"])] = beat
+    return beats
+
+
+def mark_preempted(progress_dir: Path, *, rank: int, step: int) -> None:
+    """Rank 0, once the checkpoint of ``step`` is saved: tells the launcher why the ranks are exiting."""
+    path = Path(progress_dir) / PREEMPTION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, {"rank": rank, "step": step, "time": time.time()})
+
+
+def read_preemption(progress_dir: Path) -> dict[str, Any] | None:
+    """The preemption marker ({"rank", "step", "time"}) of the attempt whose heartbeats are in
+    ``progress_dir``, or None when its ranks wrote none."""
+    try:
+        return json.loads((Path(progress_dir) / PREEMPTION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
+    # The temporary name starts with a dot: readers that glob rank-*.json never pick it up.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def user_errors_reported():
+    """In a rank: record a ``UserError`` escaping the block where the launcher looks, then re-raise it."""
+    try:
+        yield
+    except UserError as exc:
+        directory = os.environ.get(ERROR_DIR_ENV)
+        if directory:
+            rank = os.environ.get("RANK", "0")
+            path = Path(directory) / f"rank-{rank}.json"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"rank": int(rank), "type": type(exc).__name__, "message": str(exc)}))
+                os.replace(tmp, path)
+            except OSError as report_failed:  # a disk with not even a few bytes free: the error itself still shows
+                print(f"could not report the {type(exc).__name__} to the launcher ({report_failed}); the attempt "
+                      f"will look like an infrastructure failure", flush=True)
+        raise
+
+
+def reported_user_error(directory: Path) -> RankUserError | None:
+    """The user error a rank reported in ``directory`` (the lowest rank's), if any."""
+    found = []
+    for path in Path(directory).glob("rank-*.json"):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return None
+    first = min(found, key=lambda e: e["rank"])
+    return RankUserError(f"rank {first['rank']}: {first['type']}: {first['message']}")
