@@ -3,8 +3,8 @@
     .venv/bin/python bench/train_overhead.py [--rows 200000 --epochs 2 --nproc 2 --repeats 5]
 
 (a) `bench/minimal_ddp.py` under plain torchrun: model, optimizer, loader, steps, a validation pass.
-(b) `pipeline.stages.train`: the supervised launcher (guard, heartbeats, stall watchdog) and the
-    training entrypoint with checkpoints every --checkpoint-every steps and at each epoch end, and
+(b) the train task's path (`stages.train_job`, the supervisor's `Job`, `stages.trained_model`): the supervised
+    launcher (guard, heartbeats, stall watchdog) and the training entrypoint with checkpoints every --checkpoint-every steps and at each epoch end, and
     step metrics written by rank 0 to the job folder and relayed to MLflow (a local SQLite store) by the
     supervising process.
 Each repeat is a pair of runs back to back, (a) then (b) or (b) then (a) in turn, and its ratio (b)/(a) is
@@ -45,6 +45,7 @@ def main() -> None:
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     sys.path.insert(0, str(ROOT))
     from pipeline import stages
+    from pipeline.job.supervisor import Job
     from pipeline.data import demo
     from pipeline.recipes import tabular_mlp
 
@@ -76,7 +77,8 @@ def main() -> None:
 
     def run_pipeline(i: int) -> float:
         started = time.perf_counter()
-        trained = stages.train(cfg, stages.RunInfo("bench", f"pipeline-{i}"), dataset)
+        spec = stages.train_job(cfg, stages.RunInfo("bench", f"pipeline-{i}"), dataset)
+        trained = stages.trained_model(spec, Job(spec).run(), time.perf_counter() - started)
         result = trained.details
         checkpoints = len(list(Path(result["out_dir"]).glob("checkpoints/step-*")))
         figures = result["throughput"]

@@ -16,3 +16,16 @@ def run_torchrun(entry: Sequence[str], *, job_dir: Path, emit: Callable[[str], N
     spec = JobSpec(entry=list(entry), job_dir=Path(job_dir), launch=launch_config({"kind": "local", **launch}),
                    env=dict(env or {}), no_python=no_python)
     return Job(spec).run(emit)
+
+
+def train(cfg, run, dataset):
+    """The recipe DAGs' train task outside Airflow, on the same path (``TrainOperator``): the run's job from
+    ``stages.train_job``, run by the supervisor, read back by ``stages.trained_model``."""
+    import time
+
+    from pipeline import stages
+
+    started = time.perf_counter()
+    spec = stages.train_job(cfg, run, dataset)
+    result = Job(spec, metrics_flush_timeout_s=cfg.train.metrics_flush_timeout_s).run()
+    return stages.trained_model(spec, result, time.perf_counter() - started)

@@ -12,6 +12,7 @@ import pytest
 from pipeline import stages
 from pipeline.errors import InfraError
 from pipeline.recipes import tabular_mlp
+from tests import jobs
 from tests.services import MlflowServer
 
 pytestmark = pytest.mark.distributed
@@ -62,7 +63,7 @@ def test_training_rides_out_a_tracking_outage_and_register_retries(demo_parquet,
 
         watcher = threading.Thread(target=interrupt)
         watcher.start()
-        trained = stages.train(cfg, run, dataset)
+        trained = jobs.train(cfg, run, dataset)
         training_done = time.monotonic()
         watcher.join(timeout=180)
 

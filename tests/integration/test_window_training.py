@@ -12,6 +12,7 @@ import pytest
 from pipeline import stages
 from pipeline.data import demo
 from pipeline.recipes import tabular_mlp
+from tests import jobs
 
 pytestmark = pytest.mark.distributed
 
@@ -37,7 +38,7 @@ def test_training_registration_and_evaluation_read_the_whole_window(pipeline_hom
     assert list(dataset.versions) == [d.version for d in daily[1:]]  # the newest three days
     assert dataset.rows == {s: sum(d.rows[s] for d in daily[1:]) for s in ("train", "val", "test")}
 
-    trained = stages.train(cfg, run, dataset)
+    trained = jobs.train(cfg, run, dataset)
     result = json.loads((run.workdir / "train" / "result.json").read_text())
     assert result["dataset_versions"] == list(dataset.versions)
     assert result["world_size"] == 2

@@ -1,0 +1,46 @@
+"""The prepare_data stage: publish (or find) the MDS dataset version a run trains on."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pipeline import settings
+from pipeline.config import PipelineConfig
+from pipeline.results import PreparedData
+from pipeline.stages.run import RunInfo
+
+log = logging.getLogger(__name__)
+
+
+def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | None = None) -> PreparedData:
+    """Publish (or find) the MDS dataset version of the configured input. A run that daily datasets
+    triggered (``window``: the dataset and its newest interval's end) reads the newest
+    ``data.window_intervals`` of them instead."""
+    from pipeline.data import windows
+
+    if window:
+        dataset = windows.resolve(settings.data_dir(), window["dataset"], window["end"], cfg.data.window_intervals)
+        log.info("training on the window %s of %s: versions %s", dataset.interval, window["dataset"],
+                 list(dataset.versions))
+        return dataset
+    from pipeline.data.prep import prepare
+
+    started = time.perf_counter()
+    manifest = prepare(cfg.data, name=cfg.RECIPE, out_root=settings.data_dir())
+    return windows.summary(manifest, round(time.perf_counter() - started, 3))
+
+
+def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedData:
+    """Publish (or find) dataset ``name``'s version of the run's data interval (its input partitions)."""
+    from pipeline.data import windows
+    from pipeline.data.prep import prepare
+    from pipeline.errors import ConfigError
+
+    if not (run.data_interval_start and run.data_interval_end):
+        raise ConfigError(f"DAG run {run.run_id} has no data interval: a per-interval dataset needs a scheduled "
+                          f"run (or a backfill) of a DAG with a timetable")
+    started = time.perf_counter()
+    manifest = prepare(cfg.data, name=name, out_root=settings.data_dir(),
+                       interval=(run.data_interval_start, run.data_interval_end))
+    return windows.summary(manifest, round(time.perf_counter() - started, 3))
