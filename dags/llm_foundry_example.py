@@ -4,13 +4,13 @@ llm_foundry toolchain's own environment (torch 2.7, Composer 0.32, MLflow 2; `ma
 its adapter is then merged into the base model, registered (mlflow.transformers), evaluated and gated by the
 llm_sft recipe's stages. Params as trl_sft_example's."""
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.airflow.script_dag import TRAIN_DATA, script_dag
 
 dag = script_dag(
     "llm_foundry_example",
     toolchain="llm_foundry",
-    entry=[str(settings.PROJECT_ROOT / "toolchains" / "llm_foundry" / "sft.py"),
+    entry=[str(deployment.PROJECT_ROOT / "toolchains" / "llm_foundry" / "sft.py"),
            "--model", "{{ params.pretrained_path }}", "--data", TRAIN_DATA],
     param_defaults={"model_name": "llm_foundry_example", "overrides": {"data.response_column": "completion"}},
     doc_md=__doc__,

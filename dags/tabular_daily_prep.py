@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag, task
 
-from pipeline import settings, stages
+from pipeline import deployment, stages
 from pipeline.data import windows
 from pipeline.airflow.tasks import run_stage
 from pipeline.recipes import tabular_mlp as recipe
@@ -25,10 +25,10 @@ DAILY = Asset(name=recipe.DAILY_DATASET, uri=recipe.dataset_uri(recipe.DAILY_DAT
     # Data intervals, not trigger instants: each run covers [midnight, next midnight) of one day.
     schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
     # The first day to prepare (PIPELINE_DAILY_START_DATE, an ISO date): catchup runs every day since.
-    start_date=datetime.fromisoformat(settings.daily_start_date()).replace(tzinfo=timezone.utc),
+    start_date=datetime.fromisoformat(deployment.daily_start_date()).replace(tzinfo=timezone.utc),
     catchup=True,  # every past day gets its version, as a backfill would
     max_active_runs=1,  # each run already converts with data.workers processes
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=settings.retry_delay_s())},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=deployment.retry_delay_s())},
     tags=["data", "tabular"],
     params={
         name: Param(**schema)

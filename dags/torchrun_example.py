@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from airflow.sdk import dag, task
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.airflow import TorchrunOperator
 
 
@@ -31,7 +31,7 @@ def torchrun_example():
 
     script = TorchrunOperator(
         task_id="ddp_script",
-        entry=[str(settings.PROJECT_ROOT / "examples" / "ddp_regression.py"), "--steps", "200"],
+        entry=[str(deployment.PROJECT_ROOT / "examples" / "ddp_regression.py"), "--steps", "200"],
         nproc_per_node=2,
     )
     all_reduce(scale=10) >> script

@@ -67,6 +67,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()  # a failure raises: the interpreter's own exit prints it
-    from pipeline.process_exit import exit_main
+    from pipeline.fast_exit import exit_main
 
     exit_main("pipeline.rank", code)

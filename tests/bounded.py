@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline import settings
+from pipeline import deployment
 
 HANG_GUARD_S = 300  # far past any preparation of these inputs: only a hang reaches it
 
@@ -26,7 +26,7 @@ def _status_kib(field: str) -> int:
 
 def run_prepare(path: Path, out: Path, **overrides) -> dict:
     command = [sys.executable, "-m", "tests.bounded", str(path), str(out), json.dumps(overrides)]
-    done = subprocess.run(command, cwd=settings.PROJECT_ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    done = subprocess.run(command, cwd=deployment.PROJECT_ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         raise AssertionError(f"the child preparation crashed (exit code {done.returncode}):\n{done.stderr[-3000:]}")

@@ -17,9 +17,9 @@ for key in ("PIPELINE_DATA_DIR", "PIPELINE_RUNS_DIR", "PIPELINE_MLFLOW_ARTIFACTS
 for key in [k for k in os.environ if k.startswith("AIRFLOW__")]:
     os.environ.pop(key)
 
-from pipeline import settings  # noqa: E402
+from pipeline import deployment  # noqa: E402
 
-settings.apply_airflow_env()
+deployment.apply_airflow_env()
 
 
 @pytest.fixture(scope="session")

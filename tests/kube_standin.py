@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
+from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, Manifests
+
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
@@ -386,3 +388,28 @@ def crash_before_start(cluster: StandinCluster, job: dict) -> None:
     pods = cluster.make_pods(job)
     cluster.set_pod(pods[0], "Pending", waiting=("ContainerCreating", ""))
     cluster.set_pod(pods[1], "Failed", exit_code=127, message="exec: python: not found")
+
+
+def rendered_pod(manifests: Manifests, index: int) -> tuple[list[str], dict[str, str]]:
+    """What pod ``index`` runs: its command and environment as the kubelet makes them (the completion
+    index filled in from the annotation, ``$(VAR)`` references expanded). Secrets are not resolved."""
+    container = manifests.job.spec.template.spec.containers[0]
+    env: dict[str, str] = {}
+    for var in container.env:
+        if var.value_from is not None:
+            if var.value_from.field_ref is None or COMPLETION_INDEX not in var.value_from.field_ref.field_path:
+                raise ValueError(f"cannot render {var.name}: only the completion index is known outside a cluster")
+            env[var.name] = str(index)
+        else:
+            env[var.name] = _expand(var.value, env)
+    return [_expand(arg, env) for arg in container.command], env
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's ``$(VAR)`` expansion: a defined variable is replaced, ``$$`` escapes, others stay."""
+    def replace(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", replace, text)

@@ -1,6 +1,6 @@
 """Ray clusters for the tests, started and stopped by process id (never ``ray stop``, which kills every Ray
 process on the machine by name): a head from the product's ``LocalCluster``, and worker nodes that join it,
-each under ``pipeline.job.local.guard`` so that nothing outlives the test process."""
+each under ``pipeline.job.local.process_group`` so that nothing outlives the test process."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class WorkerNode:
         command = ray_command("start", f"--address={gcs_address}", "--block", f"--node-ip-address={node_ip}",
                               f"--num-cpus={cpus}", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
                               *(f"{flag}={port}" for flag, port in zip(_WORKER_PORT_FLAGS, free_ports(len(_WORKER_PORT_FLAGS)))))
-        guard = [sys.executable, "-m", "pipeline.job.local.guard", "--grace-period-s=5", f"--parent-pid={os.getpid()}", "--"]
+        guard = [sys.executable, "-m", "pipeline.job.local.process_group", "--grace-period-s=5", f"--parent-pid={os.getpid()}", "--"]
         self.log = open(self.temp_dir / "node.log", "wb")
         self.proc = subprocess.Popen([*wrap, *guard, *command], env={**os.environ, **(env or {})}, stdout=self.log,
                                      stderr=subprocess.STDOUT,

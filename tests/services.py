@@ -182,7 +182,7 @@ def airflow_deployment(tmp_path: Path, dags: Path, monkeypatch, env: dict[str, s
 
 def _kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a service and everything it started (task processes and their jobs included)."""
-    from pipeline.processes import descendants
+    from pipeline.process_table import descendants
 
     for pid in [proc.pid, *descendants(proc.pid)]:
         try:

@@ -64,9 +64,9 @@ def recipe_of(task: Any) -> str | None:
 
 def train_pool_slots(recipe: str, params: dict[str, Any]) -> int:
     """Pool slots of a ``recipe`` run's training with the Params ``params`` (the form's values and conf)."""
-    from pipeline import settings
+    from pipeline import deployment
 
-    return settings.train_pool_slots(run_ranks(recipe, json.dumps(params, sort_keys=True, default=str)))
+    return deployment.train_pool_slots(run_ranks(recipe, json.dumps(params, sort_keys=True, default=str)))
 
 
 @lru_cache(maxsize=256)

@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk import Asset, Param, dag, task
 
-from pipeline import settings, stages
+from pipeline import deployment, stages
 from pipeline.data import windows
 from pipeline.airflow.approval import promotion_approval
 from pipeline.airflow.links import with_mlflow_link
@@ -25,7 +25,7 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
     """The pipeline DAG of a registered recipe. ``schedule`` may be Assets of daily datasets: a run they
     trigger trains on the newest ``data.window_intervals`` of them (``pipeline.data.windows``)."""
     recipe = get_recipe(recipe_name)
-    dataset = Asset(name=recipe.name, uri=settings.dataset_uri(recipe.name))
+    dataset = Asset(name=recipe.name, uri=deployment.dataset_uri(recipe.name))
     config_from_params = recipe.config_from_params
 
     @dag(
@@ -34,7 +34,7 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
         catchup=False,
         max_active_runs=1,
         # Retries are for infrastructure faults; a bad config or bad data fails at once (AirflowFailException).
-        default_args={"retries": 2, "retry_delay": timedelta(seconds=settings.retry_delay_s())},
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=deployment.retry_delay_s())},
         tags=list(recipe.tags),
         params={name: Param(**schema) for name, schema in recipe.airflow_params().items()},
         doc_md=doc_md or recipe.description,
@@ -43,7 +43,7 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
     def pipeline_dag():
         @task(outlets=[dataset])
         def prepare_data(*, triggering_asset_events=None, outlet_events=None) -> dict:
-            window = windows.triggering_window(triggering_asset_events, settings.data_dir())
+            window = windows.triggering_window(triggering_asset_events, deployment.data_dir())
             prepared = run_stage(stages.prepare_data, config_from_params, window)
             outlet_events[dataset].extra = windows.asset_extra(prepared)
             return prepared
@@ -53,9 +53,9 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
         # the cluster policy pipeline.airflow.admission sets each run's instance to its own Params and conf's.
         launch = recipe.config().launch
         prepared = prepare_data()
-        trained = TrainOperator(task_id="train", recipe=recipe.name, prepared=prepared, queue=settings.train_queue(),
-                                pool=settings.train_pool(),
-                                pool_slots=settings.train_pool_slots(launch.nproc_per_node * launch.nnodes))
+        trained = TrainOperator(task_id="train", recipe=recipe.name, prepared=prepared, queue=deployment.train_queue(),
+                                pool=deployment.train_pool(),
+                                pool_slots=deployment.train_pool_slots(launch.nproc_per_node * launch.nnodes))
         release(config_from_params, prepared, with_mlflow_link(trained.output))
 
     return pipeline_dag()

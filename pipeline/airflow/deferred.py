@@ -41,7 +41,7 @@ def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, st
              metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S) -> dict | None:
     """Back from the triggerer: tear down, send the metrics the triggerer did not (for up to
     ``metrics_flush_timeout_s``), then the result, or a replacement attempt, or the error."""
-    from pipeline.registry.relay import flushed
+    from pipeline.registry.metrics_relay import flushed
 
     attempt = Attempt(spec, restart)
     place = deferrable_place(spec, AirflowClusters())

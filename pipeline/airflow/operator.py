@@ -44,7 +44,7 @@ class TorchrunOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("entry", "env")
     ui_color = "#f3e5d8"
-    # How long the task keeps sending rank 0's metrics file to MLflow after the job (pipeline.registry.relay).
+    # How long the task keeps sending rank 0's metrics file to MLflow after the job (pipeline.registry.metrics_relay).
     metrics_flush_timeout_s = METRICS_FLUSH_TIMEOUT_S
 
     def __init__(self, *, entry: Sequence[str], no_python: bool = False, env: Mapping[str, str] | None = None,

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from airflow.sdk import Param, dag, task
 
-from pipeline import settings, stages
+from pipeline import deployment, stages
 from pipeline.stages import script as script_stages
 from pipeline.airflow.operator import TorchrunOperator
 from pipeline.airflow.dag_factory import release
@@ -37,7 +37,7 @@ def script_dag(dag_id: str, *, entry: Sequence[str], recipe_name: str = "llm_sft
 
     @dag(
         dag_id=dag_id, schedule=None, catchup=False, max_active_runs=1,
-        default_args={"retries": 2, "retry_delay": timedelta(seconds=settings.retry_delay_s())},
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=deployment.retry_delay_s())},
         tags=[*recipe.tags, "script"],
         params={name: Param(**schema) for name, schema in recipe.airflow_params(**(param_defaults or {})).items()},
         doc_md=doc_md, **dag_kwargs,
@@ -51,14 +51,14 @@ def script_dag(dag_id: str, *, entry: Sequence[str], recipe_name: str = "llm_sft
         def open_run(prepared: dict) -> dict:
             return run_stage(script_stages.open_run, config_from_params, prepared)
 
-        # Admitted as the recipe DAGs' train task: the training workers' queue and pool (pipeline.settings),
+        # Admitted as the recipe DAGs' train task: the training workers' queue and pool (pipeline.deployment),
         # one slot per rank. Its ranks are fixed here (the operator's launch), so these slots are every run's
         # (pipeline.airflow.admission leaves script DAGs alone).
         train = TorchrunOperator(
             task_id="train", entry=list(entry), no_python=no_python, toolchain=toolchain,
             nproc_per_node=nproc_per_node,
-            queue=settings.train_queue(), pool=settings.train_pool(),
-            pool_slots=settings.train_pool_slots(nproc_per_node),
+            queue=deployment.train_queue(), pool=deployment.train_pool(),
+            pool_slots=deployment.train_pool_slots(nproc_per_node),
             env={key: _FROM_OPEN_RUN.format(key) for key in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI")},
         )
 

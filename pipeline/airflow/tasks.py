@@ -34,9 +34,9 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
 def task_run(context) -> RunInfo:
     """The task's DAG run, with MLflow's logging routed into the task log and its connection's settings in
     the environment (the ranks inherit them), once this process's warm-up has finished importing."""
-    from pipeline.airflow import warm
+    from pipeline.airflow import preload
 
-    warm.settled()
+    preload.settled()
     route_mlflow_logging()
     os.environ.update(mlflow_env_from_connection(mlflow_connection()))
     ti = context["ti"]

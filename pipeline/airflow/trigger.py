@@ -71,7 +71,7 @@ class AttemptTrigger(BaseTrigger):
         """Rank 0's metrics sent to MLflow from a thread of the triggerer while the job runs."""
         if not self.metrics:
             return None
-        from pipeline.registry.relay import MetricsFile, Relay, mlflow_sender
+        from pipeline.registry.metrics_relay import MetricsFile, Relay, mlflow_sender
 
         sender = mlflow_sender(self.metrics["run_id"], self.metrics.get("tracking_uri") or None)
         return Relay(MetricsFile(Path(self.metrics["path"])), sender, emit=self.log.info)

@@ -24,7 +24,7 @@ from pipeline.data.stats import Stats
 from pipeline.data.types import Plan, Unit, key_hashes
 from pipeline.data.validate import BAD_EXAMPLES, conform, quarantine_rows
 from pipeline.errors import DataError
-from pipeline.processes import alive
+from pipeline.process_table import alive
 
 log = logging.getLogger(__name__)
 

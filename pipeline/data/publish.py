@@ -26,7 +26,7 @@ from pipeline.data.stats import Stats
 from pipeline.data.types import Plan, SourceFile
 from pipeline.data.validate import BAD_EXAMPLES
 from pipeline.errors import DataError
-from pipeline.processes import alive
+from pipeline.process_table import alive
 
 log = logging.getLogger(__name__)
 

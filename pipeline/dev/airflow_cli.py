@@ -1,4 +1,4 @@
-"""`python -m pipeline.dev.airflow_cli ARGS...`: the `airflow` CLI on the embedded default settings.
+"""`python -m pipeline.dev.airflow_cli ARGS...`: the `airflow` CLI on the embedded default deployment.
 
 For example ``dags list``, ``dags test tabular_mlp`` or ``backfill create ...``; ``make ui`` brings up
 the UIs. Any AIRFLOW__* variable already set (a PostgreSQL connection, another home) wins.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from pipeline import settings
+from pipeline import deployment
 
 
 def paused_backfill_warning(args: list[str]) -> str | None:
@@ -24,7 +24,7 @@ def paused_backfill_warning(args: list[str]) -> str | None:
     return (f"warning: DAG {dag_id} is paused: the backfill's runs stay queued until it is unpaused "
             f"(make airflow ARGS=\"dags unpause {dag_id}\", or the toggle in the UI). Unpausing a DAG with "
             "catchup also schedules every interval since its start date (tabular_daily_prep: "
-            f"PIPELINE_DAILY_START_DATE={settings.daily_start_date()}).")
+            f"PIPELINE_DAILY_START_DATE={deployment.daily_start_date()}).")
 
 
 def is_paused(dag_id: str) -> bool:
@@ -41,7 +41,7 @@ def is_paused(dag_id: str) -> bool:
 
 
 def main() -> None:
-    settings.apply_airflow_env()
+    deployment.apply_airflow_env()
     # Airflow's own subprocesses (standalone's components) find `airflow` beside this interpreter.
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     warning = paused_backfill_warning(sys.argv[1:])

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.results import Promotion
 
 DEFAULT_RECIPE = "tabular_mlp"
@@ -32,7 +32,7 @@ def run_dag(dag_id: str, conf: dict[str, Any], dag_file: Path | None = None):
 
     from pipeline.dev.execution_api import build_for_sdk_version
 
-    bag = DagBag(dag_folder=str(dag_file or settings.PROJECT_ROOT / "dags" / f"{dag_id}.py"))
+    bag = DagBag(dag_folder=str(dag_file or deployment.PROJECT_ROOT / "dags" / f"{dag_id}.py"))
     if bag.import_errors:
         raise SystemExit(f"DAG import errors: {bag.import_errors}")
     if dag_file is not None:
@@ -59,7 +59,7 @@ def ensure_demo_inputs(rows_per_day: int = 2_000) -> list[str]:
     recipe = get_recipe("tabular_mlp")
     if not Path(recipe.demo_input_path()).exists():
         written.append(recipe.demo_input())
-    start, today = date.fromisoformat(settings.daily_start_date()), date.today()
+    start, today = date.fromisoformat(deployment.daily_start_date()), date.today()
     root = Path(daily_input_path())
     days = [str(start + timedelta(days=i)) for i in range((today - start).days + 1)]
     missing = [day for day in days if not (root / f"dt={day}").exists()]
@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                         "fed by Ray Data)")
     args = parser.parse_args(argv)
 
-    settings.apply_airflow_env()
+    deployment.apply_airflow_env()
     started = time.perf_counter()
-    from pipeline.airflow.warm import preload_in_background
+    from pipeline.airflow.preload import preload_in_background
     from pipeline.job.supervisor import WAITING
 
     # The tasks run in this process: it is their warm worker, from when the train task waits for its ranks.
@@ -162,6 +162,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from pipeline.process_exit import exit_main
+    from pipeline.fast_exit import exit_main
 
     exit_main("pipeline.dev.demo", main())  # without tearing down Airflow's, MLflow's and torch's modules

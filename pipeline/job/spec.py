@@ -79,7 +79,7 @@ def resolve(spec: JobSpec) -> JobSpec:
     image (kubernetes). A spec without a toolchain, or resolved already, is returned as it is."""
     if not spec.toolchain:
         return spec
-    from pipeline import settings, toolchains
+    from pipeline import deployment, toolchains
 
     if spec.launch.kind == "ray":
         raise ConfigError(f"toolchain {spec.toolchain!r} with launch.kind=ray: a Ray cluster's workers run the "
@@ -91,7 +91,7 @@ def resolve(spec: JobSpec) -> JobSpec:
         return dataclasses.replace(spec, entry=entry, no_python=True, toolchain=None,
                                    launch=toolchain.launch_in_image(spec.launch))
     toolchain.require()  # not built: a user error before anything starts (not retried)
-    env = toolchain.rank_env({**spec.env, "PATH": spec.env.get("PATH", os.environ.get("PATH", ""))}, settings.PROJECT_ROOT)
+    env = toolchain.rank_env({**spec.env, "PATH": spec.env.get("PATH", os.environ.get("PATH", ""))}, deployment.PROJECT_ROOT)
     return dataclasses.replace(spec, entry=entry, no_python=True, toolchain=None, python=str(toolchain.python), env=env)
 
 

@@ -12,7 +12,7 @@ A place only starts, polls and stops one attempt (``pipeline.job.places.Place``)
 - live logs: every line the place emits reaches the task log as it comes, and an error ends with the
   last of them;
 - live metrics: rank 0's metrics file in the job folder goes to the job's MLflow run (``MLFLOW_RUN_ID``) while
-  the job runs, and for up to ``metrics_flush_timeout_s`` after it (``pipeline.registry.relay``): ranks never
+  the job runs, and for up to ``metrics_flush_timeout_s`` after it (``pipeline.registry.metrics_relay``): ranks never
   import MLflow;
 - teardown: whatever ends an attempt (its end, a timeout, a stall, ``stop()`` from any thread, SIGTERM
   or SIGINT of the task process), the place's ``stop`` has run before the attempt returns.
@@ -42,7 +42,7 @@ TAIL_LINES = 60
 POLL_S = 0.5
 METRICS_FLUSH_TIMEOUT_S = 120.0
 # Set once this process has launched a job and waits for it: its interpreter is idle then. A process that runs
-# tasks itself (``make demo``) does its warm-up from that moment (``pipeline.airflow.warm``).
+# tasks itself (``make demo``) does its warm-up from that moment (``pipeline.airflow.preload``).
 WAITING = threading.Event()
 
 
@@ -85,7 +85,7 @@ class Supervisor:
 
     def run(self, emit: Emit | None = None) -> dict[str, Any] | None:
         """Rank 0's result, with ``unsent_metrics`` where the job has an MLflow run to relay its metrics to."""
-        from pipeline.registry.relay import relaying
+        from pipeline.registry.metrics_relay import relaying
 
         emit = self._logger(emit or log.info)
         previous = _forward_termination(self.stop)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 from urllib.parse import quote
 
-from pipeline import settings
+from pipeline import deployment
 
 
 def ui_base() -> str:
     """``PIPELINE_MLFLOW_UI_URL``, else the tracking server itself, else a local ``mlflow ui``."""
     if os.environ.get("PIPELINE_MLFLOW_UI_URL"):
         return os.environ["PIPELINE_MLFLOW_UI_URL"].rstrip("/")
-    uri = settings.mlflow_tracking_uri()
+    uri = deployment.mlflow_tracking_uri()
     return uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
 
 

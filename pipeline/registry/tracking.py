@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.errors import InfraError
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def client(uri: str | None = None):
 
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    uri = uri or settings.mlflow_tracking_uri()
+    uri = uri or deployment.mlflow_tracking_uri()
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
@@ -45,7 +45,7 @@ def reachable(action: str) -> Iterator[None]:
         if not is_unreachable(exc):
             raise
         raise InfraError(
-            f"MLflow tracking server at {settings.mlflow_tracking_uri()} is unreachable while trying to "
+            f"MLflow tracking server at {deployment.mlflow_tracking_uri()} is unreachable while trying to "
             f"{action}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}; the task will be retried"
         ) from exc
 
@@ -73,8 +73,8 @@ def experiment_id(name: str) -> str:
         return experiment.experiment_id
     # A local store keeps artifacts under the project; a tracking server decides for itself
     # unless PIPELINE_MLFLOW_ARTIFACTS says otherwise.
-    local = not settings.mlflow_tracking_uri().startswith(("http://", "https://", "databricks"))
-    location = settings.mlflow_artifact_root() if local or os.environ.get("PIPELINE_MLFLOW_ARTIFACTS") else None
+    local = not deployment.mlflow_tracking_uri().startswith(("http://", "https://", "databricks"))
+    location = deployment.mlflow_artifact_root() if local or os.environ.get("PIPELINE_MLFLOW_ARTIFACTS") else None
     try:
         return mlflow_client.create_experiment(name, artifact_location=location)
     except Exception:  # created concurrently by another task
@@ -147,9 +147,9 @@ def code_version() -> str:
     if os.environ.get("PIPELINE_CODE_VERSION"):
         return os.environ["PIPELINE_CODE_VERSION"]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=settings.PROJECT_ROOT, capture_output=True,
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=deployment.PROJECT_ROOT, capture_output=True,
                              text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=settings.PROJECT_ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=deployment.PROJECT_ROOT,
                                capture_output=True, text=True, timeout=5).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

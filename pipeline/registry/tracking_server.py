@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.errors import InfraError
 from pipeline.network import free_ports, http_ok
 
@@ -45,7 +45,7 @@ def served(uri: str, log_file: Path) -> Iterator[str]:
     port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-               "--default-artifact-root", settings.mlflow_artifact_root(), "--host", "127.0.0.1", "--port", str(port),
+               "--default-artifact-root", deployment.mlflow_artifact_root(), "--host", "127.0.0.1", "--port", str(port),
                "--workers", "1"]
     log_file.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -80,7 +80,7 @@ def _stop(server: subprocess.Popen) -> None:
 def for_ranks(spec):
     """``spec`` (a ``JobSpec``) as its ranks should see MLflow: a local toolchain job whose tracking URI is a
     store, not a server, gets a server for its duration (the ranks' ``MLFLOW_TRACKING_URI``)."""
-    uri = spec.env.get("MLFLOW_TRACKING_URI") or settings.mlflow_tracking_uri()
+    uri = spec.env.get("MLFLOW_TRACKING_URI") or deployment.mlflow_tracking_uri()
     if not spec.toolchain or spec.launch.kind != "local" or is_server(uri):
         yield spec
         return

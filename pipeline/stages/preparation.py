@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.config import PipelineConfig
 from pipeline.results import PreparedData
 from pipeline.stages.run import RunInfo
@@ -20,14 +20,14 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | Non
     from pipeline.data import windows
 
     if window:
-        dataset = windows.resolve(settings.data_dir(), window["dataset"], window["end"], cfg.data.window_intervals)
+        dataset = windows.resolve(deployment.data_dir(), window["dataset"], window["end"], cfg.data.window_intervals)
         log.info("training on the window %s of %s: versions %s", dataset.interval, window["dataset"],
                  list(dataset.versions))
         return dataset
     from pipeline.data.prep import prepare
 
     started = time.perf_counter()
-    manifest = prepare(cfg.data, name=cfg.RECIPE, out_root=settings.data_dir())
+    manifest = prepare(cfg.data, name=cfg.RECIPE, out_root=deployment.data_dir())
     return windows.summary(manifest, round(time.perf_counter() - started, 3))
 
 
@@ -41,6 +41,6 @@ def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedDa
         raise ConfigError(f"DAG run {run.run_id} has no data interval: a per-interval dataset needs a scheduled "
                           f"run (or a backfill) of a DAG with a timetable")
     started = time.perf_counter()
-    manifest = prepare(cfg.data, name=name, out_root=settings.data_dir(),
+    manifest = prepare(cfg.data, name=name, out_root=deployment.data_dir(),
                        interval=(run.data_interval_start, run.data_interval_end))
     return windows.summary(manifest, round(time.perf_counter() - started, 3))

@@ -19,7 +19,7 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tra
     """Register the trained model (the recipe's self-contained package) once per DAG run and point
     ``challenger`` at it."""
     from pipeline.data.reading import TrainingData
-    from pipeline.registry import models, relay, tracking
+    from pipeline.registry import metrics_relay, models, tracking
 
     phases = Phases()
     with phases("open data"):
@@ -28,7 +28,7 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tra
     with tracking.reachable("register the model"):
         if trained.metrics_path is not None:
             with phases("send metrics"):
-                sent = relay.send_rest(Path(trained.metrics_path), trained.mlflow_run_id)
+                sent = metrics_relay.send_rest(Path(trained.metrics_path), trained.mlflow_run_id)
             if sent:
                 log.info("sent %d metric values that training could not deliver", sent)
         with phases("package"):

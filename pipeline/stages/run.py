@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import settings
+from pipeline import deployment
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class RunInfo:
 
     @property
     def workdir(self) -> Path:
-        return settings.runs_dir() / self.dag_id / re.sub(r"[^A-Za-z0-9._-]+", "_", self.run_id)
+        return deployment.runs_dir() / self.dag_id / re.sub(r"[^A-Za-z0-9._-]+", "_", self.run_id)
 
     def job_dir(self, task_id: str, map_index: int = -1) -> Path:
         """The folder of one task's training job: the same on every try of that task instance, so a
@@ -37,7 +37,7 @@ class RunInfo:
         """The DAG run's page in the Airflow UI."""
         from urllib.parse import quote
 
-        return f"{settings.airflow_base_url()}/dags/{quote(self.dag_id)}/runs/{quote(self.run_id, safe='')}"
+        return f"{deployment.airflow_base_url()}/dags/{quote(self.dag_id)}/runs/{quote(self.run_id, safe='')}"
 
     def tags(self) -> dict[str, str]:
         """Lineage tags shared by the MLflow run and the model version."""

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.config import PipelineConfig
 from pipeline.errors import UserError
 from pipeline.results import PreparedData, TrainedModel
@@ -46,7 +46,7 @@ def open_run(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> dict[s
         run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset))
         tracking.log_dataset_input(run_id, name=cfg.registry.model_name, digest=dataset.version,
                                    source_uri=dataset.uri, profile={"rows": dataset.rows})
-    return {"MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri(), "train_data": str(train_data)}
+    return {"MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": deployment.mlflow_tracking_uri(), "train_data": str(train_data)}
 
 
 def adopt(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tracked: dict[str, str],

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.config import PipelineConfig
 from pipeline.results import PreparedData, TrainedModel
 from pipeline.stages.lineage import lineage_tags
@@ -39,8 +39,8 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
         job_dir=folder, launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
         try_number=run.try_number, labels={"dag_id": run.dag_id, "run_id": run.run_id, "task_id": "train",
                                            "try_number": str(run.try_number)},
-        # The run's id tells the task's metrics relay where rank 0's metrics go (pipeline.registry.relay).
-        env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri()},
+        # The run's id tells the task's metrics relay where rank 0's metrics go (pipeline.registry.metrics_relay).
+        env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": deployment.mlflow_tracking_uri()},
     )
     spec.files.root.mkdir(parents=True, exist_ok=True)
     spec.files.config.write_text(json.dumps(cfg.what(), indent=2))

@@ -21,7 +21,7 @@ from pipeline.job_files import Heartbeat
 
 class MetricsSink:
     """Rank 0's metrics, appended to the job folder's ``metrics.jsonl`` (one line per call, written whole); the
-    task that supervises the job sends them to its MLflow run (``pipeline.registry.relay``). Ranks never import
+    task that supervises the job sends them to its MLflow run (``pipeline.registry.metrics_relay``). Ranks never import
     MLflow: it would cost seconds before the first step, and every rank waits for rank 0 there."""
 
     def __init__(self, path: Path | None):

@@ -5,9 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline import settings
+from pipeline import deployment
 
-DAG_FILES = sorted((settings.PROJECT_ROOT / "dags").glob("*.py"))
+DAG_FILES = sorted((deployment.PROJECT_ROOT / "dags").glob("*.py"))
 HEAVY = ["torch", "mlflow", "pyarrow", "streaming", "transformers", "pandas"]
 
 
@@ -22,7 +22,7 @@ def test_every_recipe_has_its_dag_file():
 def test_dag_bag_has_no_import_errors():
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags"))
+    bag = DagBag(dag_folder=str(deployment.PROJECT_ROOT / "dags"))
     assert bag.import_errors == {}
     from pipeline.recipes import recipe_names
 
@@ -41,14 +41,14 @@ def test_importing_dag_files_imports_no_heavy_library():
         "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
         f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=settings.PROJECT_ROOT, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=deployment.PROJECT_ROOT, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_params_form_has_types_bounds_and_descriptions():
     from airflow.dag_processing.dagbag import DagBag
 
-    dag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / "tabular_mlp.py")).dags["tabular_mlp"]
+    dag = DagBag(dag_folder=str(deployment.PROJECT_ROOT / "dags" / "tabular_mlp.py")).dags["tabular_mlp"]
     schema = {name: param.schema for name, param in dag.params.items()}
     assert set(schema) >= {"variant", "input_path", "label_column", "model_name", "nproc_per_node", "epochs",
                            "batch_size", "learning_rate", "hidden_sizes", "seed"}

@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from pipeline import settings
+from pipeline import deployment
 
 DAYS = ["2026-11-26", "2026-11-27", "2026-11-28"]
 
@@ -23,7 +23,7 @@ def _run(day: str, conf: dict):
     """A run for ``day``: a manual run covers the last complete interval before its logical date."""
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags" / "tabular_daily_prep.py"))
+    bag = DagBag(dag_folder=str(deployment.PROJECT_ROOT / "dags" / "tabular_daily_prep.py"))
     after = datetime.fromisoformat(day).replace(tzinfo=timezone.utc) + timedelta(days=1)
     return bag.get_dag("tabular_daily_prep").test(logical_date=after, run_conf=conf)
 
@@ -39,7 +39,7 @@ def test_a_backfill_of_three_days_gives_three_versions_and_asset_events(airflow_
     runs = [_run(day, conf) for day in DAYS]
     assert [str(getattr(r.state, "value", r.state)) for r in runs] == ["success"] * 3
 
-    published = windows.published(settings.data_dir() / "tabular_mlp_daily")
+    published = windows.published(deployment.data_dir() / "tabular_mlp_daily")
     assert sorted(m["interval"]["start"][:10] for m in published) == DAYS
     assert len({m["version"] for m in published}) == 3
     assert all(sum(m["splits"].values()) == 400 for m in published)
@@ -56,10 +56,10 @@ def test_a_backfill_of_three_days_gives_three_versions_and_asset_events(airflow_
     # Again for the same day: the version is found, not rebuilt, and the event says so.
     again = _run(DAYS[0], conf)
     assert str(getattr(again.state, "value", again.state)) == "success"
-    assert len(windows.published(settings.data_dir() / "tabular_mlp_daily")) == 3
+    assert len(windows.published(deployment.data_dir() / "tabular_mlp_daily")) == 3
 
     # What an asset-triggered training run reads: the newest two days, as one window.
-    window = windows.resolve(settings.data_dir(), "tabular_mlp_daily", extras[-1]["interval_end"], 2)
+    window = windows.resolve(deployment.data_dir(), "tabular_mlp_daily", extras[-1]["interval_end"], 2)
     assert list(window.versions) == [x["version"] for x in extras[-3:][1:]]
     assert sum(window.rows.values()) == 800
 
@@ -67,7 +67,7 @@ def test_a_backfill_of_three_days_gives_three_versions_and_asset_events(airflow_
 def test_the_training_dag_is_scheduled_on_the_daily_asset():
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(settings.PROJECT_ROOT / "dags"))
+    bag = DagBag(dag_folder=str(deployment.PROJECT_ROOT / "dags"))
     training, prep = bag.dags["tabular_mlp"], bag.dags["tabular_daily_prep"]
     produced = prep.get_task("prepare_data").outlets
     consumed = training.timetable.asset_condition.objects

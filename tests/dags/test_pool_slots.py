@@ -2,7 +2,7 @@
 THAT run's ranks, through the cluster policy Airflow itself calls (pipeline.airflow.admission, installed by
 plugins/airflow_local_settings.py).
 
-One fresh Airflow process with this project's settings (``settings.airflow_env``: its plugins folder) on a
+One fresh Airflow process with this project's settings (``deployment.airflow_env``: its plugins folder) on a
 SQLite metadata DB of its own: Airflow's ``trigger_dag`` (what ``airflow dags trigger -c`` and the REST
 trigger call: ``create_dagrun`` -> ``DagRun.verify_integrity``) creates the runs and their task instances,
 then a clear re-creates one (``TaskInstance.refresh_from_task``); the rows the scheduler admits by are read back.
@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from pipeline import settings
+from pipeline import deployment
 
 RUNS = {
     "default": {},
@@ -97,10 +97,10 @@ def pool_slots(tmp_path_factory):
     dags = tmp / "dags"
     dags.mkdir()
     for name in ("tabular_mlp.py", "trl_sft_example.py"):  # a recipe DAG, and a script DAG on the same Params
-        (dags / name).symlink_to(settings.PROJECT_ROOT / "dags" / name)
+        (dags / name).symlink_to(deployment.PROJECT_ROOT / "dags" / name)
     (dags / "nightly_tables.py").write_text(RENAMED_DAG)
     home = tmp / "airflow"
-    env = {**os.environ, **settings.airflow_env(home), "AIRFLOW_HOME": str(home),
+    env = {**os.environ, **deployment.airflow_env(home), "AIRFLOW_HOME": str(home),
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
            "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
     env.pop("PIPELINE_TRAIN_POOL_SLOTS", None)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipeline.processes import alive
+from pipeline.process_table import alive
 from tests.processes import pids_with
 from tests.services import AirflowApiServer, airflow_deployment, wait_for as _wait
 
@@ -39,9 +39,9 @@ KILL_DAG_SOURCE = textwrap.dedent(f'''
 
 def job_marker() -> str:
     """The job's command lines carry its folder (runs/<dag>/<run>/<task>/...): that finds its processes."""
-    from pipeline import settings
+    from pipeline import deployment
 
-    return str(settings.runs_dir() / DAG_ID) + "/"
+    return str(deployment.runs_dir() / DAG_ID) + "/"
 
 
 @pytest.fixture()

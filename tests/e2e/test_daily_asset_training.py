@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture()
 def deployment(tmp_path, monkeypatch):
-    from pipeline import settings
+    from pipeline import deployment
     from pipeline.data import demo
     from pipeline.recipes import tabular_mlp
 
@@ -30,7 +30,7 @@ def deployment(tmp_path, monkeypatch):
     dags = tmp_path / "dags"
     dags.mkdir()
     for name in ("tabular_daily_prep.py", "tabular_mlp.py"):
-        (dags / name).symlink_to(settings.PROJECT_ROOT / "dags" / name)
+        (dags / name).symlink_to(deployment.PROJECT_ROOT / "dags" / name)
     env = {
         "PIPELINE_DAILY_START_DATE": days[0],  # catchup: exactly the two days written above
         "PIPELINE_RETRY_DELAY_S": "1",

@@ -21,13 +21,13 @@ DAG_ID = "tabular_mlp"
 
 @pytest.fixture()
 def deployment(tmp_path, monkeypatch):
-    from pipeline import settings
+    from pipeline import deployment
 
     monkeypatch.setenv("PIPELINE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("PIPELINE_TRAIN_POOL_SLOTS", raising=False)
     dags = tmp_path / "dags"
     dags.mkdir()
-    (dags / f"{DAG_ID}.py").symlink_to(settings.PROJECT_ROOT / "dags" / f"{DAG_ID}.py")
+    (dags / f"{DAG_ID}.py").symlink_to(deployment.PROJECT_ROOT / "dags" / f"{DAG_ID}.py")
     with airflow_deployment(tmp_path, dags, monkeypatch, {"PIPELINE_TRAIN_POOL": "gpu"}) as api:
         yield api, tmp_path / "scheduler.log"
 

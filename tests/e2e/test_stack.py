@@ -37,7 +37,7 @@ POOL_DAG_SOURCE = textwrap.dedent('''
 
     from airflow.sdk import dag, task
 
-    from pipeline import settings
+    from pipeline import deployment
 
     WAIT_S = 300  # each wait's bound: the test fails on its own timeouts first
 
@@ -47,8 +47,8 @@ POOL_DAG_SOURCE = textwrap.dedent('''
             from airflow.sdk import get_current_context
 
             run_id = get_current_context()["run_id"]
-            warm = "torch" in sys.modules  # nothing here imports it: the Celery worker did (pipeline.airflow.warm)
-            with open(settings.home() / "gpu_pool_probe.jsonl", "a") as f:
+            warm = "torch" in sys.modules  # nothing here imports it: the Celery worker did (pipeline.airflow.preload)
+            with open(deployment.home() / "gpu_pool_probe.jsonl", "a") as f:
                 f.write(json.dumps({"run": run_id, "task": what, "event": event, "time": time.time(), "warm": warm})
                         + "\\n")
             return run_id
@@ -61,7 +61,7 @@ POOL_DAG_SOURCE = textwrap.dedent('''
                 time.sleep(0.1)
 
         def started(what):
-            lines = (settings.home() / "gpu_pool_probe.jsonl").read_text().splitlines()
+            lines = (deployment.home() / "gpu_pool_probe.jsonl").read_text().splitlines()
             return {m["run"] for m in map(json.loads, lines) if (m["task"], m["event"]) == (what, "start")}
 
         @task
@@ -70,10 +70,10 @@ POOL_DAG_SOURCE = textwrap.dedent('''
             until(lambda: len(started("prepare")) >= 2, "another run's preparation to start beside this one")
             mark("prepare", "end")
 
-        @task(queue=settings.train_queue(), pool=settings.train_pool(), pool_slots=settings.train_pool_slots(1))
+        @task(queue=deployment.train_queue(), pool=deployment.train_pool(), pool_slots=deployment.train_pool_slots(1))
         def train():
             run_id = mark("train", "start")
-            release = settings.home() / f"gpu_pool_probe-release-{run_id}"
+            release = deployment.home() / f"gpu_pool_probe-release-{run_id}"
             until(release.exists, f"the test to write {release}")
             mark("train", "end")
 
@@ -90,7 +90,7 @@ POOL_DAG_SOURCE = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, pipeline_home):
-    from pipeline import settings
+    from pipeline import deployment
     from pipeline.data import demo
     from pipeline.recipes import tabular_mlp
 
@@ -98,7 +98,7 @@ def stack(tmp_path_factory, pipeline_home):
     dags = tmp / "dags"
     dags.mkdir()
     for name in ("tabular_daily_prep.py", "tabular_mlp.py"):
-        (dags / name).symlink_to(settings.PROJECT_ROOT / "dags" / name)
+        (dags / name).symlink_to(deployment.PROJECT_ROOT / "dags" / name)
     (dags / "gpu_pool_probe.py").write_text(POOL_DAG_SOURCE)
     (dags / "torchrun_kill.py").write_text(KILL_DAG_SOURCE)
     demo.write_parquet(tmp / "inputs" / "demo.parquet", 3_000, seed=3)
@@ -125,7 +125,7 @@ def stack(tmp_path_factory, pipeline_home):
         wait_for(lambda: _dag_ids(client) >= {"tabular_mlp", "tabular_daily_prep", "gpu_pool_probe", "torchrun_kill"},
                  "the dag-processor to parse the stack's DAGs", timeout_s=180, poll_s=1)
         stack.demo_parquet = tmp / "inputs" / "demo.parquet"
-        stack.probe_path = pipeline_home / "gpu_pool_probe.jsonl"  # settings.home() of the tasks
+        stack.probe_path = pipeline_home / "gpu_pool_probe.jsonl"  # deployment.home() of the tasks
         yield stack
     finally:
         remove_stack(stack)
@@ -325,7 +325,7 @@ def test_gpu_pool_of_one_slot_runs_one_training_at_a_time_while_other_tasks_over
         return client.request("GET", f"/api/v2/dags/gpu_pool_probe/dagRuns/{run_id}/taskInstances/train")["state"]
 
     def release(run_id: str) -> None:
-        (stack.probe_path.parent / f"gpu_pool_probe-release-{run_id}").touch()  # settings.home() of the tasks
+        (stack.probe_path.parent / f"gpu_pool_probe-release-{run_id}").touch()  # deployment.home() of the tasks
 
     # One training holds the slot until released; the other run's training, ready once its preparation is done,
     # waits for the slot in the scheduler (scheduled, not queued).
@@ -465,7 +465,7 @@ def test_ui_approves_a_require_approval_run_on_the_required_actions_page(stack, 
 
 
 def test_stack_down_leaves_no_process_and_no_port(stack):
-    from pipeline.processes import alive
+    from pipeline.process_table import alive
 
     state = stack.state()
     pids = {pid for root in state["pids"].values() for pid in [root, *[c.pid for c in psutil.Process(root).children(recursive=True)]]}

@@ -259,11 +259,11 @@ def test_a_train_attempt_that_dies_mid_training_is_retried_from_its_checkpoint(a
     import threading
     import time
 
-    from pipeline import settings
+    from pipeline import deployment
     from pipeline.job_files import read_heartbeats
 
     monkeypatch.setenv("PIPELINE_RETRY_DELAY_S", "1")
-    runs = settings.runs_dir() / "tabular_mlp"
+    runs = deployment.runs_dir() / "tabular_mlp"
     before = set(runs.glob("*")) if runs.exists() else set()
     killed = {}
 

@@ -42,10 +42,10 @@ def test_execution_timeout_stops_every_rank(airflow_db, tmp_path):
     import threading
     import time
 
-    from pipeline import settings
+    from pipeline import deployment
     from tests.processes import pids_with
 
-    marker = str(settings.runs_dir() / "torchrun_timeout") + "/"  # the job folder, on every command line
+    marker = str(deployment.runs_dir() / "torchrun_timeout") + "/"  # the job folder, on every command line
     dag_file = tmp_path / "timeout_dag.py"
     dag_file.write_text(textwrap.dedent('''
         from datetime import timedelta

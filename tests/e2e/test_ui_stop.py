@@ -14,7 +14,7 @@ import sys
 import psutil
 import pytest
 
-from pipeline.processes import alive
+from pipeline.process_table import alive
 from pipeline.dev.stack.rest import RestClient
 from tests.e2e.test_airflow_kill import DAG_ID, KILL_DAG_SOURCE, trigger_and_wait_for_ranks
 from tests.services import free_port, wait_for

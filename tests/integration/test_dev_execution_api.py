@@ -36,8 +36,8 @@ def _run(code: str) -> dict:
 def test_the_sdk_versions_routes_are_airflows_own_for_that_version(airflow_db):
     out = _run("""
         import httpx, json
-        from pipeline import settings
-        settings.apply_airflow_env()
+        from pipeline import deployment
+        deployment.apply_airflow_env()
         from airflow.api_fastapi.execution_api.app import create_task_execution_api_app
         from airflow.sdk.api.client import API_VERSION
         from airflow.sdk.execution_time.supervisor import in_process_api_server
@@ -65,8 +65,8 @@ def test_the_sdk_versions_routes_are_airflows_own_for_that_version(airflow_db):
 def test_an_sdk_of_another_version_gets_airflows_whole_api(airflow_db):
     out = _run("""
         import json
-        from pipeline import settings
-        settings.apply_airflow_env()
+        from pipeline import deployment
+        deployment.apply_airflow_env()
         import airflow.sdk.api.client as sdk_client
         from airflow.sdk.execution_time.supervisor import in_process_api_server
         from pipeline.dev.execution_api import build_for_sdk_version
@@ -82,8 +82,8 @@ def test_an_sdk_of_another_version_gets_airflows_whole_api(airflow_db):
 def test_a_failure_leaves_airflows_whole_api(airflow_db):
     out = _run("""
         import json
-        from pipeline import settings
-        settings.apply_airflow_env()
+        from pipeline import deployment
+        deployment.apply_airflow_env()
         import pipeline.dev.execution_api as one
         from airflow.sdk.execution_time.supervisor import in_process_api_server
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.job.kubernetes.place import manifests_for
-from pipeline.job.kubernetes.manifest import rendered_pod
+from tests.kube_standin import rendered_pod
 from tests.jobs import run_torchrun
 from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.spec import Attempt

@@ -69,7 +69,7 @@ def test_a_failing_rank_fails_the_launch_with_its_traceback(script_dir, tmp_path
 
 
 def test_the_supervising_process_is_marked_waiting_once_its_ranks_run(script_dir, tmp_path):
-    """make demo's warm-up starts then (pipeline.airflow.warm): the mark is the supervisor's WAITING."""
+    """make demo's warm-up starts then (pipeline.airflow.preload): the mark is the supervisor's WAITING."""
     from pipeline.job import supervisor
 
     supervisor.WAITING.clear()

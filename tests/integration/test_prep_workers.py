@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.data import convert, prep
 from pipeline.errors import DataError
 from tests.datafiles import cfg, dataset_dir, eight_bad_rows, published, table, write_parquet
@@ -89,7 +89,7 @@ def test_a_kill_mid_write_publishes_nothing_and_a_rerun_publishes_a_good_version
     script = tmp_path / "prep_job.py"
     script.write_text(_KILL_SCRIPT)
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "in.parquet"), str(out)],
-                            cwd=settings.PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)})
+                            cwd=deployment.PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(deployment.PROJECT_ROOT)})
     deadline = time.monotonic() + 120
     # Kill once shards are being written into the temporary folder.
     while not list(out.glob("t/.tmp-*/train/part-*/shard.*")):

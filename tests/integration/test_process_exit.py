@@ -6,14 +6,14 @@ import subprocess
 import sys
 import textwrap
 
-from pipeline import settings
+from pipeline import deployment
 
 MODULE = textwrap.dedent("""
     import atexit, sys, time
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
-    from pipeline.process_exit import exit_main
+    from pipeline.fast_exit import exit_main
 
     out = Path(sys.argv[1])
     atexit.register(lambda: (out / "atexit").write_text("ran"))
@@ -27,7 +27,7 @@ MODULE = textwrap.dedent("""
 
 
 def _env(tmp_path):
-    return {"PYTHONPATH": f"{tmp_path}:{settings.PROJECT_ROOT}", "PATH": "/usr/bin:/bin"}
+    return {"PYTHONPATH": f"{tmp_path}:{deployment.PROJECT_ROOT}", "PATH": "/usr/bin:/bin"}
 
 
 def test_a_process_started_for_the_module_exits_with_its_code_after_its_exit_work(tmp_path):

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from pipeline.processes import alive, descendants, stat
+from pipeline.process_table import alive, descendants, stat
 from tests.processes import cmdline, parent, pids_with, wait_until_gone
 
 # A child that starts a grandchild, which starts a great-grandchild; all sleep with the marker in argv.

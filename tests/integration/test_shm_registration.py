@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import settings
+from pipeline import deployment
 from tests.datafiles import numbered_rows, open_datasets_in_step
 from tests.services import wait_for
 
@@ -109,7 +109,7 @@ def test_the_ranks_of_a_job_enter_the_registration_only_once_the_lock_is_free(tm
     with open(log, "w") as output:
         job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                                 str(script), str(tmp_path), str(lock_path)],
-                               env={**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)}, stdout=output,
+                               env={**os.environ, "PYTHONPATH": str(deployment.PROJECT_ROOT)}, stdout=output,
                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: job.poll() is not None or all(len(_rounds(tmp_path, rank)) >= 3 for rank in (0, 1)),

@@ -1,7 +1,7 @@
 """A task's process started fresh: a Celery worker preloading the modules when it starts (through the configuration
 Airflow resolves from ``[celery] celery_config_options``), the real session niceness while the preload imports,
 MLflow's distribution map made by the preload, and MLflow's log lines routed to the task log. What
-pipeline.airflow.warm does within one process is in tests/unit/test_warm.py."""
+pipeline.airflow.preload does within one process is in tests/unit/test_preload.py."""
 
 import os
 import subprocess
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pipeline import settings
-from pipeline.airflow import warm
+from pipeline import deployment
+from pipeline.airflow import preload
 
 
 WORKER = """
@@ -30,7 +30,7 @@ print("imported" if "wave" in sys.modules and "colorsys" in sys.modules else "mi
 
 
 def test_a_celery_worker_preloads_the_modules_when_it_starts_not_before():
-    env = {**os.environ, "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "pipeline.airflow.warm.CELERY_CONFIG",
+    env = {**os.environ, "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "pipeline.airflow.preload.CELERY_CONFIG",
            "PIPELINE_PRELOAD": "wave, pipeline_no_such_module,colorsys"}
     done = subprocess.run([sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,27 +42,27 @@ def test_a_celery_worker_preloads_the_modules_when_it_starts_not_before():
 
 
 SESSION = """
-from pipeline.airflow import warm
+from pipeline.airflow import preload
 
 def niceness():
     return open("/proc/self/autogroup").read().split()[-1]
 
 seen = []
-warm.preload = lambda names: seen.append(niceness())
-warm.preload_in_background(["this"], nice=19).join(60)
+preload.preload = lambda names: seen.append(niceness())
+preload.preload_in_background(["this"], nice=19).join(60)
 print(seen[0], niceness())
 """
 
 
-@pytest.mark.skipif(not warm.AUTOGROUP.exists(), reason="no autogroup scheduling on this kernel")
+@pytest.mark.skipif(not preload.AUTOGROUP.exists(), reason="no autogroup scheduling on this kernel")
 def test_the_session_is_niced_only_while_the_preload_imports():
     """On the real /proc/self/autogroup, in a session of its own (this one's is left alone)."""
-    before = warm.AUTOGROUP.read_text()
+    before = preload.AUTOGROUP.read_text()
     done = subprocess.run([sys.executable, "-c", SESSION], capture_output=True, text=True, timeout=300,
                           start_new_session=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["19", "0"]
-    assert warm.AUTOGROUP.read_text() == before
+    assert preload.AUTOGROUP.read_text() == before
 
 
 def test_preloading_mlflow_also_maps_the_installed_distributions_once():
@@ -70,10 +70,10 @@ def test_preloading_mlflow_also_maps_the_installed_distributions_once():
     its first model; a warm process has the map already. (A fresh process: MLflow keeps the map in a global.)"""
     import subprocess
 
-    script = ("from pipeline.airflow import warm\n"
+    script = ("from pipeline.airflow import preload\n"
               "from mlflow.utils import requirements_utils as r\n"
               "assert r._MODULES_TO_PACKAGES is None\n"
-              "warm.preload(['mlflow.pyfunc'])\n"
+              "preload.preload(['mlflow.pyfunc'])\n"
               "print(sorted(r._MODULES_TO_PACKAGES.get('torch', [])))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -95,7 +95,7 @@ def test_mlflow_lines_reach_the_task_log_at_their_level_not_as_stderr():
         "logging.getLogger('mlflow.pyfunc').info('Validating input example against model signature')\n"
         "print([r for r in records if r[1].startswith('mlflow')])\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(deployment.PROJECT_ROOT)}
     env.pop("MLFLOW_CONFIGURE_LOGGING", None)
     plain = subprocess.run([sys.executable, "-c", code, "plain"], capture_output=True, text=True, env=env, timeout=120)
     assert "INFO mlflow.pyfunc: Validating input example" in plain.stderr  # what a task log showed as ERROR

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import settings, toolchains
+from pipeline import deployment, toolchains
 from pipeline.errors import ConfigError
 from pipeline.job.spec import JobSpec
 
@@ -25,7 +25,7 @@ def _rank(tmp_path, *entry, config_errors=("__main__.Mistake",)):
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.toolchains.rank", *(f"--config-error={e}" for e in config_errors), "--", *entry],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(settings.PROJECT_ROOT), "PIPELINE_ERROR_DIR": str(errors),
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(deployment.PROJECT_ROOT), "PIPELINE_ERROR_DIR": str(errors),
              "RANK": "1"})
     reported = [json.loads(p.read_text()) for p in sorted(errors.glob("rank-*.json"))]
     return done, reported

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline import settings, toolchains
+from pipeline import deployment, toolchains
 from pipeline.dev.demo import run_dag
 from pipeline.stages.run import RunInfo
 
@@ -74,7 +74,7 @@ def _kill_the_first_attempt_after(runs, pattern: str, killed: dict) -> None:
         for workdir in set(runs.glob("*")) - before:
             if list((workdir / "train").glob(pattern)):
                 guards = [p for p in psutil.process_iter(["cmdline"])
-                          if "pipeline.job.local.guard" in (p.info["cmdline"] or [])
+                          if "pipeline.job.local.process_group" in (p.info["cmdline"] or [])
                           and any(str(workdir) in arg for arg in p.info["cmdline"])]
                 for guard in guards:
                     tree = [guard, *guard.children(recursive=True)]
@@ -98,7 +98,7 @@ def test_a_toolchain_trains_is_retried_from_its_own_checkpoint_and_its_model_is_
     dag_id, checkpoint, loss_metric, _, _ = CASES[name]
     killed: dict = {}
     watcher = threading.Thread(target=_kill_the_first_attempt_after,
-                               args=(settings.runs_dir() / dag_id, checkpoint, killed), daemon=True)
+                               args=(deployment.runs_dir() / dag_id, checkpoint, killed), daemon=True)
     watcher.start()
     dag_run = run_dag(dag_id, _conf(base_model))
     watcher.join(timeout=5)
@@ -135,7 +135,7 @@ def test_a_mistake_in_the_toolchains_config_fails_the_task_at_once_without_a_ret
     config.write_text((toolchain.folder / "sft.yaml").read_text() + mistake)
     dag_file = tmp_path / f"{name}_bad_config.py"
     bad_id = f"{name}_bad_config"
-    source = (settings.PROJECT_ROOT / "dags" / f"{dag_id}.py").read_text()
+    source = (deployment.PROJECT_ROOT / "dags" / f"{dag_id}.py").read_text()
     assert f'"{dag_id}",' in source
     dag_file.write_text(source.replace(f'"{dag_id}",', f'"{bad_id}",', 1).replace(
         '"--data", TRAIN_DATA', f'"--data", TRAIN_DATA, "--config", {str(config)!r}', 1))

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.dev.stack import secrets
 
-ROOT = settings.PROJECT_ROOT
+ROOT = deployment.PROJECT_ROOT
 COMPOSE = ROOT / "docker-compose.yml"
 AIRFLOW_SERVICES = {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
                     "airflow-worker", "airflow-gpu-worker"}

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import settings
+from pipeline import deployment
 
-ROOT = settings.PROJECT_ROOT
+ROOT = deployment.PROJECT_ROOT
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))

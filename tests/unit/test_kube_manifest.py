@@ -11,7 +11,8 @@ from kubernetes import client as k8s
 
 from pipeline.errors import ConfigError
 from pipeline.job.kubernetes.place import manifests_for
-from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, deserialize, rendered_pod, serialize
+from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, deserialize, serialize
+from tests.kube_standin import rendered_pod
 from pipeline.job.spec import attempt_id
 from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.spec import Attempt

@@ -5,7 +5,7 @@ import json
 import threading
 import time
 
-from pipeline.registry.relay import MAX_BATCH, MetricsFile, Relay
+from pipeline.registry.metrics_relay import MAX_BATCH, MetricsFile, Relay
 from pipeline.train.context import MetricsSink
 
 

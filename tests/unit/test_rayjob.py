@@ -14,7 +14,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.errors import ConfigError
 from pipeline.job.kubernetes.manifest import deserialize, serialize
 from pipeline.job.ray.place import job_request
@@ -133,7 +133,7 @@ def test_every_launch_kubernetes_field_that_shapes_pods_reaches_the_rayjob():
                "shm_size_gb": 1.0, "node_selector": ["a=b"], "tolerations": ["k:NoSchedule"],
                "affinity": json.dumps({"podAntiAffinity": {}}), "priority_class": "p2", "volumes": ["c:/mnt/pipeline"],
                "env_from_secrets": ["s2"], "run_as_user": 2000, "ttl_after_finished_s": 1, "queue_name": "q2"}
-    # Where the launcher connects, how the task waits, and the torchrun Job's own settings.
+    # Where the launcher connects, how the task waits, and the torchrun Job's own deployment.
     not_in_rayjob = {"connection_id", "deferrable", "master_port", "schedule_timeout_s"}
     assert set(changed) | not_in_rayjob == {f.name for f in fields(type(every_setting().launch.kubernetes))}
     for name, value in changed.items():
@@ -170,7 +170,7 @@ def test_bad_settings_name_the_field_the_value_and_what_is_expected(override, me
 
 def test_the_role_on_the_ray_page_grants_what_managing_rayjobs_needs():
     """The YAML on docs/launching/ray.md is valid RBAC for the client's models, and its Role is ROLE_RULES."""
-    page = (settings.PROJECT_ROOT / "docs" / "launching" / "ray.md").read_text()
+    page = (deployment.PROJECT_ROOT / "docs" / "launching" / "ray.md").read_text()
     section = page[page.index("## On Kubernetes with KubeRay"):]
     blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
     objects = [o for block in blocks for o in yaml.safe_load_all(block) if o]

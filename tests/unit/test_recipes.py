@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.errors import ConfigError
 from pipeline.recipes import get_recipe, recipe_names
 from pipeline.recipes.base import VARIANTS
@@ -21,7 +21,7 @@ def test_every_recipe_has_its_variants_a_model_section_and_a_thin_dag_file(name)
     assert all(type(cfg) is recipe.config_class and cfg.RECIPE == name for cfg in configs.values())
     assert any(key.startswith("model.") for key in configs["default"].flat())
     assert configs["tiny"] != configs["default"]
-    dag_file = settings.PROJECT_ROOT / "dags" / f"{name}.py"
+    dag_file = deployment.PROJECT_ROOT / "dags" / f"{name}.py"
     assert len(dag_file.read_text().splitlines()) <= 30
     assert f'recipe_dag("{name}"' in dag_file.read_text()
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.evaluate.report import write_report
 from tests import reports
 from tests.browser import Browser
 
-ARTIFACTS = Path(os.environ.get("PIPELINE_TEST_ARTIFACTS", settings.PROJECT_ROOT / "var" / "test-artifacts")) / "reports"
+ARTIFACTS = Path(os.environ.get("PIPELINE_TEST_ARTIFACTS", deployment.PROJECT_ROOT / "var" / "test-artifacts")) / "reports"
 WIDTHS_PX = (1280, 760)  # a desktop window; the MLflow UI's artifact pane beside its file tree
 
 # Elements whose box reaches past the viewport's right edge (or left of 0), and the document's scroll width.

@@ -6,13 +6,13 @@ import ast
 import re
 from pathlib import Path
 
-from pipeline import settings
+from pipeline import deployment
 
-PACKAGE = settings.PROJECT_ROOT / "pipeline"
+PACKAGE = deployment.PROJECT_ROOT / "pipeline"
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(settings.PROJECT_ROOT).with_suffix("").parts
+    parts = path.relative_to(deployment.PROJECT_ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -71,7 +71,7 @@ def _modules() -> dict[str, Path]:
 # module) and from units on lower layers. Nothing on a layer knows what stands above it.
 LAYERS = [
     ["pipeline.errors"],
-    ["pipeline.settings", "pipeline.processes", "pipeline.process_exit", "pipeline.network", "pipeline.phases",
+    ["pipeline.deployment", "pipeline.process_table", "pipeline.fast_exit", "pipeline.network", "pipeline.phases",
      "pipeline.diskspace", "pipeline.config_fields", "pipeline.results", "pipeline.job_files"],  # job folder contract
     ["pipeline.config", "pipeline.toolchains"],
     ["pipeline.data", "pipeline.registry", "pipeline.evaluate"],
@@ -122,8 +122,8 @@ def test_package_docstrings_name_only_modules_that_exist():
         for named in re.findall(r"``([a-z_][a-z0-9_.]*)``", doc):
             dotted = named if named.startswith("pipeline.") else f"{package}.{named}"
             parts = dotted.split(".")
-            if not any((settings.PROJECT_ROOT.joinpath(*parts[:i]).with_suffix(".py").is_file()
-                        or settings.PROJECT_ROOT.joinpath(*parts[:i]).is_dir()) for i in range(len(parts), 1, -1)):
+            if not any((deployment.PROJECT_ROOT.joinpath(*parts[:i]).with_suffix(".py").is_file()
+                        or deployment.PROJECT_ROOT.joinpath(*parts[:i]).is_dir()) for i in range(len(parts), 1, -1)):
                 missing.append(f"{package}: {named}")
     assert missing == []
 
@@ -149,7 +149,7 @@ def test_what_runs_in_a_rank_never_reaches_airflow():
     """From the ranks' entrypoints, every pipeline module they can import (inside functions too) stays out of
     pipeline.airflow and pipeline.dev and imports no airflow: the process boundary is the package boundary."""
     modules = _modules()
-    seen, todo = set(), ["pipeline.rank", "pipeline.train.function", "pipeline.job.local.guard",
+    seen, todo = set(), ["pipeline.rank", "pipeline.train.function", "pipeline.job.local.process_group",
                          "pipeline.job.ray.entry", "pipeline.toolchains.rank"]
     while todo:
         name = todo.pop()

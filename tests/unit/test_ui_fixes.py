@@ -6,21 +6,21 @@ from __future__ import annotations
 import stat
 from datetime import date, timedelta
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.dev import airflow_cli
 
 
 def test_jwt_secret_is_random_per_airflow_home_private_and_kept(tmp_path, monkeypatch):
     monkeypatch.delenv("AIRFLOW__API_AUTH__JWT_SECRET", raising=False)
     monkeypatch.delenv("AIRFLOW_HOME", raising=False)
-    first = settings.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"]
+    first = deployment.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"]
     assert len(first.encode()) >= 64 and "0" * 40 not in first
     path = tmp_path / "one" / "jwt_secret"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert settings.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"] == first  # kept
-    assert settings.airflow_env(tmp_path / "two")["AIRFLOW__API_AUTH__JWT_SECRET"] != first
+    assert deployment.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"] == first  # kept
+    assert deployment.airflow_env(tmp_path / "two")["AIRFLOW__API_AUTH__JWT_SECRET"] != first
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "x" * 80)
-    assert settings.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"] == "x" * 80
+    assert deployment.airflow_env(tmp_path / "one")["AIRFLOW__API_AUTH__JWT_SECRET"] == "x" * 80
 
 
 def test_demo_inputs_cover_the_daily_catch_up_and_are_written_once(tmp_path, monkeypatch):

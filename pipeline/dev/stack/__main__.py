@@ -12,17 +12,17 @@ from pipeline.dev.stack.local import EMBEDDED_MODE, SERVICES_MODE, LocalStack
 
 def _ui() -> int:
     """Foreground: demo inputs, the embedded Airflow and an MLflow UI; Ctrl-C (or SIGTERM) stops all."""
-    from pipeline import settings
+    from pipeline import deployment
     from pipeline.dev.demo import ensure_demo_inputs
 
-    settings.apply_airflow_env()
+    deployment.apply_airflow_env()
     for path in ensure_demo_inputs():
         print(f"wrote demo input {path}", flush=True)
     stack = LocalStack.from_env(EMBEDDED_MODE)
-    stack.home = settings.home() / "ui"
+    stack.home = deployment.home() / "ui"
     stack.airflow_home.mkdir(parents=True, exist_ok=True)
     # The embedded default's Airflow home and database: what `make airflow` and `make demo` use.
-    stack.extra_env = {key: value for key, value in settings.airflow_env().items()
+    stack.extra_env = {key: value for key, value in deployment.airflow_env().items()
                        if key in ("AIRFLOW_HOME", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")}
     stopping = []
 

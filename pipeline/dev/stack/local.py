@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.dev.stack import secrets
 from pipeline.dev.stack.rest import RestClient, fail_running_tasks, http_json
 from pipeline.network import http_ok
@@ -55,7 +55,7 @@ class LocalStack:
         ``gpu`` pool slots)."""
         env = os.environ
         return cls(
-            home=Path(env.get("PIPELINE_STACK_HOME", settings.home() / ("stack" if mode == SERVICES_MODE else "ui"))),
+            home=Path(env.get("PIPELINE_STACK_HOME", deployment.home() / ("stack" if mode == SERVICES_MODE else "ui"))),
             mode=mode,
             airflow_port=int(env.get("PIPELINE_STACK_AIRFLOW_PORT", 8080)),
             mlflow_port=int(env.get("PIPELINE_STACK_MLFLOW_PORT", 5000)),
@@ -103,7 +103,7 @@ class LocalStack:
 
     def environment(self) -> dict[str, str]:
         keys = self.secrets()
-        env = {**os.environ, **settings.airflow_env(self.airflow_home)}
+        env = {**os.environ, **deployment.airflow_env(self.airflow_home)}
         env.update({
             "AIRFLOW_HOME": str(self.airflow_home),
             "AIRFLOW__CORE__FERNET_KEY": keys["AIRFLOW_FERNET_KEY"],
@@ -128,7 +128,7 @@ class LocalStack:
                 "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + airflow_db,
                 "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
                 # The worker imports torch, MLflow... once; the task processes it forks start with them.
-                "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "pipeline.airflow.warm.CELERY_CONFIG",
+                "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "pipeline.airflow.preload.CELERY_CONFIG",
                 # Tasks reach the tracking server through this connection, as in docker-compose.yml.
                 "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": self.mlflow_port}),
                 "PIPELINE_TRAIN_QUEUE": "gpu",
@@ -147,8 +147,8 @@ class LocalStack:
                        "--artifacts-destination", str(self.home / "mlflow-artifacts"),
                        "--allowed-hosts", f"127.0.0.1:{self.mlflow_port},localhost:{self.mlflow_port}"]
         else:  # the embedded default's store: what the tasks write to
-            mlflow += ["--backend-store-uri", settings.mlflow_tracking_uri(),
-                       "--default-artifact-root", settings.mlflow_artifact_root()]
+            mlflow += ["--backend-store-uri", deployment.mlflow_tracking_uri(),
+                       "--default-artifact-root", deployment.mlflow_artifact_root()]
         commands = {
             "api-server": [*airflow, "api-server", "--host", "127.0.0.1", "--port", str(self.airflow_port)],
             "scheduler": [*airflow, "scheduler", "--skip-serve-logs"],
@@ -289,7 +289,7 @@ class LocalStack:
 
 def stop_processes(roots: list[int], grace_s: float) -> list[int]:
     """SIGTERM every root and each of its descendants, wait up to ``grace_s``, SIGKILL the rest."""
-    from pipeline.processes import alive, descendants
+    from pipeline.process_table import alive, descendants
 
     everyone = list(dict.fromkeys(pid for root in roots if alive(root) for pid in [root, *descendants(root)]))
     for pid in everyone:
@@ -376,7 +376,7 @@ def _reap(pids: list[int]) -> None:
 
 
 def _exited(pid: int) -> bool:
-    from pipeline.processes import alive
+    from pipeline.process_table import alive
 
     _reap([pid])
     return not alive(pid)

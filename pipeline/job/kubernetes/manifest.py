@@ -162,21 +162,6 @@ def pod_env(name: str, service_name: str, launch: LaunchConfig, env: dict[str, s
         k8s.V1EnvVar(name=key, value=value) for key, value in sorted(values.items())]
 
 
-def rendered_pod(manifests: Manifests, index: int) -> tuple[list[str], dict[str, str]]:
-    """What pod ``index`` runs: its command and environment as the kubelet makes them (the completion
-    index filled in from the annotation, ``$(VAR)`` references expanded). Secrets are not resolved."""
-    container = manifests.job.spec.template.spec.containers[0]
-    env: dict[str, str] = {}
-    for var in container.env:
-        if var.value_from is not None:
-            if var.value_from.field_ref is None or COMPLETION_INDEX not in var.value_from.field_ref.field_path:
-                raise ValueError(f"cannot render {var.name}: only the completion index is known outside a cluster")
-            env[var.name] = str(index)
-        else:
-            env[var.name] = _expand(var.value, env)
-    return [_expand(arg, env) for arg in container.command], env
-
-
 def check(launch: LaunchConfig, job_dir: str) -> None:
     """Refuse what would fail in the cluster: the job folder must be on a mounted volume."""
     kube = launch.kubernetes
@@ -293,13 +278,3 @@ def _cpu(cores: float) -> str:
 
 def _gib(gb: float) -> str:
     return f"{int(gb)}Gi" if float(gb).is_integer() else f"{int(round(gb * 1024))}Mi"
-
-
-def _expand(text: str, env: dict[str, str]) -> str:
-    """The kubelet's ``$(VAR)`` expansion: a defined variable is replaced, ``$$`` escapes, others stay."""
-    def replace(match: re.Match) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        return env.get(match.group(1), match.group(0))
-
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", replace, text)

@@ -7,7 +7,7 @@ One attempt: create the Service and the Job; every pod must be running within
 unschedulable with the scheduler's message, an image pull failure, a crash); every pod's log streams
 into the task log as it is written, prefixed with its node rank, all pods at once; a failed pod ends
 the attempt. ``stop`` deletes the Job with foreground propagation (its pods first) and the Service
-with it; ``pipeline.job.kubernetes.guard`` does the same when the task process is killed outright. The
+with it; ``pipeline.job.kubernetes.orphan_guard`` does the same when the task process is killed outright. The
 job folder must be on a volume the pods mount at the same path: rank 0's result, the ranks' user
 errors, heartbeats and torchrun's error files are read from there, as on every place.
 """
@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from pipeline.job import guard
+from pipeline.job import orphan_guard
 from pipeline.job.kubernetes.manifest import CONTAINER, Manifests, build
 from pipeline.job.kubernetes.state import is_started, node_of, verdict
 from pipeline.job.places import Clusters
@@ -245,7 +245,7 @@ class KubernetesPlace:
             self._teardown(m, grace_period_s)
         if self._logs is not None:
             self._logs.join(timeout_s=10)
-        guard.stop_guard(guard_proc)
+        orphan_guard.stop_guard(guard_proc)
 
     def dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
         """The ranks run in pods this process cannot signal: their last lines are in the log already."""
@@ -276,7 +276,7 @@ def client_settings(client) -> dict[str, Any]:
 
 
 def start_guard(cluster: Cluster, m: Manifests) -> subprocess.Popen:
-    """``pipeline.job.kubernetes.guard`` deletes the Job and Service if this process dies without tearing
-    them down (``pipeline.job.guard``)."""
+    """``pipeline.job.kubernetes.orphan_guard`` deletes the Job and Service if this process dies without tearing
+    them down (``pipeline.job.orphan_guard``)."""
     request = {"client": client_settings(cluster.client), "namespace": m.namespace, "name": m.name}
-    return guard.start_guard("pipeline.job.kubernetes.guard", request)
+    return orphan_guard.start_guard("pipeline.job.kubernetes.orphan_guard", request)

@@ -1,7 +1,7 @@
 """The local place (``launch.kind = local``): each attempt is ``torchrun`` as a child of this process, its
 output read live, under the supervisor's policy (``pipeline.job.supervisor``).
 
-The attempt runs under ``pipeline.job.local.guard`` in a session (process group) of its own, so stopping
+The attempt runs under ``pipeline.job.local.process_group`` in a session (process group) of its own, so stopping
 it signals the agent *and* every rank: SIGTERM, the grace period, then SIGKILL. If the task process
 dies without a chance to clean up (SIGKILL), the guard stops the attempt itself.
 """
@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.errors import ConfigError
 from pipeline.job.places import Clusters
 from pipeline.job.policy import Ended
 from pipeline.job.spec import Attempt, JobSpec
 from pipeline.job_files import DUMP_SIGNAL
-from pipeline.processes import alive, descendants
+from pipeline.process_table import alive, descendants
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,9 @@ class LocalPlace:
             log_dir=attempt.log_dir, rdzv_id=attempt.name, python=spec.python or sys.executable,
         )
         env = {**os.environ, **attempt.env(), "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(settings.PROJECT_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(deployment.PROJECT_ROOT), env.get("PYTHONPATH")]))
         emit("launching: " + " ".join(command))
-        guard = [sys.executable, "-m", "pipeline.job.local.guard", f"--grace-period-s={launch.grace_period_s}",
+        guard = [sys.executable, "-m", "pipeline.job.local.process_group", f"--grace-period-s={launch.grace_period_s}",
                  f"--parent-pid={os.getpid()}", "--"]
         self.proc = subprocess.Popen(
             guard + command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -1,4 +1,4 @@
-"""``python -m pipeline.job.local.torchrun ARGS``: ``torchrun ARGS``, ended by ``pipeline.process_exit.exit_now``.
+"""``python -m pipeline.job.local.torchrun ARGS``: ``torchrun ARGS``, ended by ``pipeline.fast_exit.exit_now``.
 
 The agent imports torch, and its interpreter's teardown took about 1 s after its ranks had finished. Standard
 library only before torch's own module runs: a toolchain's Python (``pipeline.toolchains``) runs it too, with
@@ -10,7 +10,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-from pipeline.process_exit import exit_main
+from pipeline.fast_exit import exit_main
 
 if __name__ == "__main__":
     sys.argv[0] = "torchrun"

@@ -2,7 +2,7 @@
 for one task when no address is given.
 
 The local cluster is one head node whose every socket listens on 127.0.0.1 (``ray start --head --block``; Ray
-would otherwise listen on the machine's address as well), run under ``pipeline.job.local.guard``: it is
+would otherwise listen on the machine's address as well), run under ``pipeline.job.local.process_group``: it is
 stopped by its process ids (SIGTERM to ``ray start``, which stops the node's processes in Ray's order without
 draining the node; then the guard's SIGTERM, the grace period and SIGKILL for anything left), never by
 ``ray stop`` (which kills every Ray process on the machine by name), and it dies with the task process even
@@ -85,7 +85,7 @@ class LocalCluster:
         command = ray_command("start", "--head", "--block", f"--node-ip-address={self.node_ip}", "--dashboard-host=127.0.0.1",
                               f"--num-cpus={self.cpus}", "--disable-usage-stats", "--include-dashboard=true",
                               f"--temp-dir={self.temp_dir}", *(f"{flag}={port}" for flag, port in ports.items()))
-        guard = [sys.executable, "-m", "pipeline.job.local.guard", f"--grace-period-s={self.grace_period_s}",
+        guard = [sys.executable, "-m", "pipeline.job.local.process_group", f"--grace-period-s={self.grace_period_s}",
                  f"--parent-pid={os.getpid()}", f"--remove-after={self.temp_dir}", "--"]
         self.address = f"http://127.0.0.1:{ports['--dashboard-port']}"
         self.gcs_address = f"{self.node_ip}:{ports['--port']}"

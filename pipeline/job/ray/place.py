@@ -12,7 +12,7 @@ the supervisor's policy (``pipeline.job.supervisor``).
 - Logs: the driver's log (every worker's lines, each with its ``[rank N]:`` prefix) is streamed into the
   task log as it is written; at the job's end, what the stream has not brought yet is read at once (``JobLog``).
 - Endings: ``stop`` stops the job (``stop_job``, never ``delete_job``, which a running job refuses) and
-  waits until it has ended, whatever ended the attempt; ``pipeline.job.ray.guard`` does the same when
+  waits until it has ended, whatever ended the attempt; ``pipeline.job.ray.orphan_guard`` does the same when
   the task process dies unannounced. Ray Train restarts failed workers itself
   (``FailureConfig(max_failures=launch.max_restarts)``), so the supervisor does not restart the attempt.
 """
@@ -32,9 +32,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.errors import ConfigError
-from pipeline.job import guard
+from pipeline.job import orphan_guard
 from pipeline.job.places import Clusters
 from pipeline.job.ray.cluster import LocalCluster, cluster_state, jobs_client
 from pipeline.job.spec import JobSpec
@@ -76,7 +76,7 @@ def job_request(attempt: Attempt, *, local: bool) -> dict[str, Any]:
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"  # print() stays print(): once per line, with the rank's prefix
     env["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = f"{spec.launch.ray.worker_start_timeout_s:g}"  # read by the controller
     if local:  # the cluster runs this checkout: its workers import the project from here
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(settings.PROJECT_ROOT)]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(deployment.PROJECT_ROOT)]))
     job = {"launch": dataclasses.asdict(spec.launch), "run_name": run_name(spec), "storage": str(spec.files.checkpoints / "ray"),
            "job_dir": str(spec.files.root), "no_python": spec.no_python}
     python = spec.launch.ray.python or (sys.executable if local else "python")
@@ -141,7 +141,7 @@ class RayPlace:
                                            grace_period_s=self.spec.launch.grace_period_s)
                 self.address, self._client = self._local.start(emit), None
             elif self._guard is None:
-                self._guard = guard.start_guard("pipeline.job.ray.guard", {
+                self._guard = orphan_guard.start_guard("pipeline.job.ray.orphan_guard", {
                     "address": self.address, "token": self.token, "submission_id": attempt.id})
             self._current = attempt.id
         self._emit = emit
@@ -184,7 +184,7 @@ class RayPlace:
             if local is not None:
                 local.stop()
                 self.address, self._client = None, None
-        guard.stop_guard(guard_proc)
+        orphan_guard.stop_guard(guard_proc)
 
     def dump_stacks(self, beats: dict, emit: Callable[[str], None]) -> None:
         """A local cluster's ranks are processes of this machine: they print their stacks as local ranks do."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline import settings
+from pipeline import deployment
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config_fields import config_field
 from pipeline.evaluate.directions import CLASSIFICATION
@@ -32,10 +32,10 @@ class TabularConfig(PipelineConfig):
 
 def daily_input_path() -> str:
     """The default input of the daily preparation: a folder of dt=YYYY-MM-DD/ partitions."""
-    return str(settings.data_dir() / "raw" / "tabular_daily")
+    return str(deployment.data_dir() / "raw" / "tabular_daily")
 
 
-dataset_uri = settings.dataset_uri
+dataset_uri = deployment.dataset_uri
 
 
 def _write_demo(path) -> None:

@@ -1,15 +1,15 @@
-"""Stops a Ray job when the task process that submitted it dies unannounced (``pipeline.job.guard``).
+"""Stops a Ray job when the task process that submitted it dies unannounced (``pipeline.job.orphan_guard``).
 
 The request: the cluster's address, its token and the job's submission id; an orphaned guard calls
 ``stop_job`` and waits until Ray says the job has ended. (A local cluster needs no such guard: it runs
-under ``pipeline.job.local.guard`` and dies with the task process.)
+under ``pipeline.job.local.process_group`` and dies with the task process.)
 """
 
 from __future__ import annotations
 
 import sys
 
-from pipeline.job.guard import orphaned_request
+from pipeline.job.orphan_guard import orphaned_request
 
 
 def main() -> int:

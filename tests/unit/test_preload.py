@@ -1,4 +1,4 @@
-"""Warm task processes (pipeline.airflow.warm) within this process: what PIPELINE_PRELOAD names, the preload's
+"""Task processes with the heavy modules preloaded (pipeline.airflow.preload) within this process: what PIPELINE_PRELOAD names, the preload's
 thread, its niceness and its session's, a task waiting for a module being imported. In a fresh process (a Celery
 worker starting, the real session niceness, MLflow's distribution map): tests/integration/test_task_process.py."""
 
@@ -6,23 +6,23 @@ import sys
 
 import pytest
 
-from pipeline.airflow import warm
+from pipeline.airflow import preload
 
 
 @pytest.mark.parametrize(("value", "expected"), [
-    (None, list(warm.DEFAULT_MODULES)), ("none", []), ("", []), (" a.b , c ,", ["a.b", "c"]),
+    (None, list(preload.DEFAULT_MODULES)), ("none", []), ("", []), (" a.b , c ,", ["a.b", "c"]),
 ])
 def test_pipeline_preload_names_the_modules(monkeypatch, value, expected):
     if value is None:
         monkeypatch.delenv("PIPELINE_PRELOAD", raising=False)
     else:
         monkeypatch.setenv("PIPELINE_PRELOAD", value)
-    assert warm.modules() == expected
+    assert preload.modules() == expected
 
 
 def test_preload_in_background_imports_on_its_own_thread():
     sys.modules.pop("this", None)
-    thread = warm.preload_in_background(["this"])  # the Zen of Python: a module nothing else imports
+    thread = preload.preload_in_background(["this"])  # the Zen of Python: a module nothing else imports
     thread.join(60)
     assert not thread.is_alive() and thread.daemon and thread.name == "pipeline-preload"
     assert "this" in sys.modules
@@ -37,17 +37,17 @@ def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeyp
 
     autogroup = tmp_path / "autogroup"
     autogroup.write_text("/autogroup-7 nice 0\n")
-    monkeypatch.setattr(warm, "AUTOGROUP", autogroup)
+    monkeypatch.setattr(preload, "AUTOGROUP", autogroup)
     seen: dict[str, object] = {}
 
-    def preload(names):
+    def imports(names):
         seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         seen["process"] = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
         seen["session"] = autogroup.read_text()
 
-    monkeypatch.setattr(warm, "preload", preload)
+    monkeypatch.setattr(preload, "preload", imports)
     go = threading.Event()
-    thread = warm.preload_in_background(["this"], after=go, nice=5)
+    thread = preload.preload_in_background(["this"], after=go, nice=5)
     thread.join(0.3)
     assert thread.is_alive() and not seen  # still waiting
     go.set()
@@ -62,15 +62,15 @@ def test_a_session_already_niced_is_left_as_it_is(monkeypatch, tmp_path):
     has set it back to 0."""
     autogroup = tmp_path / "autogroup"
     autogroup.write_text("/autogroup-7 nice 19\n")
-    monkeypatch.setattr(warm, "AUTOGROUP", autogroup)
-    with warm.session_niceness(19):
+    monkeypatch.setattr(preload, "AUTOGROUP", autogroup)
+    with preload.session_niceness(19):
         autogroup.write_text("/autogroup-7 nice 0\n")  # the first demo's preload is done
     assert autogroup.read_text() == "/autogroup-7 nice 0\n"
 
 
 def test_a_session_niceness_that_cannot_be_set_changes_nothing(monkeypatch, tmp_path):
-    monkeypatch.setattr(warm, "AUTOGROUP", tmp_path / "missing")
-    with warm.session_niceness(19):
+    monkeypatch.setattr(preload, "AUTOGROUP", tmp_path / "missing")
+    with preload.session_niceness(19):
         pass
     assert not (tmp_path / "missing").exists()
 
@@ -90,8 +90,8 @@ def test_a_task_waits_for_a_preload_that_is_importing(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
     go = threading.Event()
-    thread = warm.preload_in_background(["slow_to_import"], after=go)
-    warm.settled()  # a preload still waiting for its event holds nothing up (make demo's first task)
+    thread = preload.preload_in_background(["slow_to_import"], after=go)
+    preload.settled()  # a preload still waiting for its event holds nothing up (make demo's first task)
     assert "slow_to_import" not in sys.modules
     go.set()
     wait_for(lambda: "slow_to_import" in sys.modules or not thread.is_alive(), "the preload to start importing",
@@ -102,14 +102,14 @@ def test_a_task_waits_for_a_preload_that_is_importing(tmp_path, monkeypatch):
 
     def open_the_gate_once_the_task_waits():
         try:
-            wait_for(lambda: sys._current_frames()[task].f_code is warm.settled.__code__,
-                     "the task to wait in warm.settled()", timeout_s=60, poll_s=0.005)
+            wait_for(lambda: sys._current_frames()[task].f_code is preload.settled.__code__,
+                     "the task to wait in preload.settled()", timeout_s=60, poll_s=0.005)
         finally:
             gate.open.set()
 
     opener = threading.Thread(target=open_the_gate_once_the_task_waits, daemon=True)
     opener.start()
-    warm.settled()
+    preload.settled()
     assert sys.modules["slow_to_import"].DONE
     opener.join(60)
     thread.join(60)
@@ -119,8 +119,8 @@ def test_a_failing_step_after_an_import_is_logged_and_skipped(monkeypatch, caplo
     def broken():
         raise RuntimeError("no map today")
 
-    monkeypatch.setitem(warm.AFTER_IMPORT, "this", broken)
+    monkeypatch.setitem(preload.AFTER_IMPORT, "this", broken)
     with caplog.at_level("WARNING"):
-        took = warm.preload(["this", "json"])
+        took = preload.preload(["this", "json"])
     assert list(took) == ["json"]
     assert "preloading this failed: RuntimeError: no map today" in caplog.text

@@ -4,7 +4,7 @@ The launcher starts ``python -m <guard module>`` in a session of its own (a kill
 group does not reach it) and writes one JSON line naming what to tear down. It writes ``done`` when it
 has torn the attempt down itself; if stdin closes without it (the task process was SIGKILLed, the worker
 died), the guard tears the attempt down. The local place needs none of this: its attempt is a child of
-``pipeline.job.local.guard``, which the kernel signals when the task process dies.
+``pipeline.job.local.process_group``, which the kernel signals when the task process dies.
 """
 
 from __future__ import annotations

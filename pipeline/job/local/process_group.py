@@ -1,6 +1,6 @@
 """Leader of a training job's process group: whatever happens to the task, no rank outlives it.
 
-``python -m pipeline.job.local.guard --grace-period-s G -- torchrun ...`` runs in a session of its own
+``python -m pipeline.job.local.process_group --grace-period-s G -- torchrun ...`` runs in a session of its own
 and starts the command. torchrun starts every rank in a session of its own, so a signal to one
 process group cannot reach them all: the guard makes itself a child subreaper
 (``PR_SET_CHILD_SUBREAPER``), so that every descendant, even one whose parent died, stays in its
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from pipeline.processes import descendants
+from pipeline.process_table import descendants
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -76,7 +76,7 @@ def _reap() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.job.local.guard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.job.local.process_group", description=__doc__.splitlines()[0])
     parser.add_argument("--grace-period-s", type=float, default=10.0)
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
     parser.add_argument("--remove-after", action="append", default=[], metavar="DIR",

@@ -1,6 +1,6 @@
 """Deletes a training Job and its Service when the task process that created them dies unannounced.
 
-The request (``pipeline.job.guard``): API server settings, namespace and name; an orphaned guard deletes
+The request (``pipeline.job.orphan_guard``): API server settings, namespace and name; an orphaned guard deletes
 the Job (foreground: its pods first) and the Service.
 """
 
@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 
-from pipeline.job.guard import orphaned_request
+from pipeline.job.orphan_guard import orphaned_request
 
 
 def client_from(settings: dict):

@@ -1,4 +1,4 @@
-"""Warm task processes: the heavy modules the stages import, imported once by the process that starts tasks.
+"""Preloading for task processes: the heavy modules the stages import, imported once by the process that starts tasks.
 
 A task imports torch, torch.export's loader (which imports torch._dynamo), MLflow, pandas, pyarrow,
 streaming and matplotlib before it does any work of its own: 4 to 4.5 s of ``register_model``
@@ -7,7 +7,7 @@ process from the process that runs it (a Celery worker's pool process), and a fo
 with what its parent had imported. So:
 
 - a Celery worker imports them when it starts, before its pool forks (``CELERY_CONFIG``: set
-  ``[celery] celery_config_options`` to ``pipeline.airflow.warm.CELERY_CONFIG``, as ``docker-compose.yml`` and
+  ``[celery] celery_config_options`` to ``pipeline.airflow.preload.CELERY_CONFIG``, as ``docker-compose.yml`` and
   ``make stack`` do);
 - ``make demo``, which runs every task inside its own process (``dag.test``), imports them on a thread once
   the train task waits for its ranks (``preload_in_background(after=supervisor.WAITING, nice=19)``): its
