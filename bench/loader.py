@@ -1,16 +1,19 @@
-"""Data loading against what a training step consumes: the batch path of ``TrainingData.loader`` and the
-old per-sample path, for tabular rows, 28x28 array images (IDX) and 28x28 PNG images (an image folder).
+"""Data loading against what a training step consumes: the batch path of ``TrainingData.loader``
+(``pipeline.data.loader``) and streaming's own per-sample path (``StreamingDataset`` and ``StreamingDataLoader``
+over the same streams), for tabular rows, 28x28 array images (IDX) and 28x28 PNG images (an image folder);
+with ``--baseline DIR`` (a checkout of another revision: ``git worktree add DIR REV``) that revision's own
+bench runs on the same sizes, after this one, and its batch path is printed beside this tree's.
 
     .venv/bin/python bench/loader.py [--rows 60000 --images 60000 --pngs 6000 --batch-size 256
-                                      --threads 1 --workers 0,1 --rounds 3 --ddp-epochs 2]
+                                      --threads 1 --workers 0,1 --rounds 3 --ddp-epochs 2 --baseline DIR]
 
 Each dataset is prepared once with ``pipeline.data.prep`` under a temporary PIPELINE_HOME; then, in this one
 process, with ``torch.set_num_threads(--threads)`` (1: what each of 2 ranks gets on 2 cores), each figure the
 best of --rounds rounds:
 
   reader      samples/s of the loader over the shuffled train split, the recipe-like transform to tensors
-              included: the batch path (``loader``) and the per-sample path (``sample_loader``, streaming's
-              ``__getitem__`` then ``decode_columns``); shards already in the local cache (2nd epoch on)
+              included: the batch path (``loader``) and the per-sample path (streaming's ``StreamingDataLoader``,
+              its ``__getitem__`` then ``decode_columns``); shards already in the local cache (2nd epoch on)
   in-memory   samples/s of batches of the same shapes sliced, in random order, from tensors already in
               memory (no reading at all)
   step        samples/s of forward + backward + AdamW on one batch held in memory: ``TabularMLP`` (hidden
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of measurements; each figure is the best")
     parser.add_argument("--ddp-rounds", type=int, default=1, help="2-rank runs of each path; the best is reported")
     parser.add_argument("--keep", action="store_true", help="keep the data folder (removed by default)")
+    parser.add_argument("--baseline", type=Path, help="a checkout of another revision: its bench on the same sizes")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     os.environ["PIPELINE_HOME"] = str(home)
@@ -77,6 +81,8 @@ def main() -> None:
     if args.pngs:
         results.append(_bench(_png_folder(home, args.pngs), args, workers))
     _report(results, workers, ddp)
+    if args.baseline:
+        _compare(results, workers, _baseline(args))
     if not args.keep:
         import shutil
 
@@ -225,8 +231,8 @@ def _bench(case: dict, args, workers: list[int]) -> dict:
     bs = args.batch_size
     fast = case["open"]("fast").loader("train", batch_size=bs, shuffle=True, seed=0, transform=case["transform"])
     _drain(fast)  # the first epoch copies and decompresses the shards into the local cache
-    slow = case["open"]("slow").sample_loader("train", batch_size=bs, shuffle=True, seed=0,
-                                              transform=case["transform"])
+    slow = _per_sample(case["open"]("slow"), "train", batch_size=bs, shuffle=True, seed=0,
+                       transform=case["transform"])
     _drain(slow, args.per_sample_batches)
     trained = {w: case["open"](f"w{w}").loader("train", batch_size=bs, shuffle=True, seed=0, num_workers=w,
                                                 transform=case["transform"]) for w in workers}
@@ -287,9 +293,57 @@ def _rank_entry(path: str, argv: list[str]) -> None:
     if path == "per-sample":
         from pipeline.data.reading import TrainingData
 
-        TrainingData.loader = TrainingData.sample_loader
+        TrainingData.loader = _per_sample
     sys.argv = ["pipeline.rank", *argv]
     runpy.run_module("pipeline.rank", run_name="__main__", alter_sys=True)
+
+
+def _per_sample(data, split: str, **kwargs):
+    """streaming's own loader over ``data``'s versions of ``split`` (the reference the tests hold the batch path to)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.datafiles import streaming_loader
+
+    return streaming_loader(data, data.cache_dir / "streaming", split, **kwargs)
+
+
+def _baseline(args) -> dict[str, dict[str, float]]:
+    """The revision at ``--baseline``: its own bench, same sizes, no 2-rank runs; its batch-path figures by dataset."""
+    import re
+    import subprocess
+
+    argv = [sys.executable, str(args.baseline / "bench" / "loader.py"), "--rows", str(args.rows), "--images",
+            str(args.images), "--pngs", str(args.pngs), "--batch-size", str(args.batch_size), "--threads",
+            str(args.threads), "--workers", args.workers, "--rounds", str(args.rounds), "--ddp-epochs", "0",
+            "--per-sample-batches", str(args.per_sample_batches), "--train-batches", str(args.train_batches)]
+    print(f"\nbaseline: {' '.join(argv)}", flush=True)
+    done = subprocess.run(argv, cwd=args.baseline, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"the baseline's bench failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    figures: dict[str, dict[str, float]] = {}
+    name = None
+    for line in done.stdout.splitlines():
+        if line and not line.startswith(" ") and not line.startswith("samples/s"):
+            name = line.strip()
+        elif name and (m := re.match(r"\s+reader\s+batch path\s+([\d,]+)/s", line)):
+            figures.setdefault(name, {})["reader"] = float(m.group(1).replace(",", ""))
+        elif name and (m := re.match(r"\s+train\s+batch path (w\d+)\s+([\d,]+)/s\s+data-wait\s+([\d.]+)%", line)):
+            figures.setdefault(name, {})[m.group(1)] = float(m.group(2).replace(",", ""))
+            figures[name][f"{m.group(1)}_wait"] = float(m.group(3)) / 100
+    return figures
+
+
+def _compare(results: list[dict], workers: list[int], baseline: dict[str, dict[str, float]]) -> None:
+    print("\nbatch path: this tree beside the baseline (samples/s; ratio this / baseline)")
+    for r in results:
+        base = baseline.get(r["name"], {})
+        if "reader" in base:
+            print(f"  {r['name']:<40} reader   {r['reader_fast']:>11,.0f}/s  {base['reader']:>11,.0f}/s  "
+                  f"{r['reader_fast'] / base['reader']:6.2f}x")
+        for w in workers:
+            if f"w{w}" in base:
+                sps, wait = r[f"train_fast_w{w}"]
+                print(f"  {r['name']:<40} train w{w} {sps:>11,.0f}/s  {base[f'w{w}']:>11,.0f}/s  "
+                      f"{sps / base[f'w{w}']:6.2f}x   data-wait {wait:5.1%} vs {base[f'w{w}_wait']:5.1%}")
 
 
 def _drain(loader, batches: int | None = None) -> None:

@@ -130,7 +130,7 @@ def open_datasets_in_step(uri: str, cache: str, barrier, rounds: int, results) -
         data = TrainingData.open([uri], Path(cache) / str(i))
         barrier.wait()
         try:
-            keep.append(data.dataset("train", shuffle=False, seed=0))
+            keep.append(streaming_dataset(data, Path(cache) / f"ref-{i}", "train"))
         except Exception as exc:  # noqa: BLE001 - what the test reports
             errors.append(f"{type(exc).__name__}: {exc}")
     results.put((errors, [d._shm_prefix_int for d in keep]))
@@ -164,12 +164,47 @@ def assert_same_batches(fast: list[dict], slow: list[dict]) -> None:
 def both_paths(data, tmp_path: Path, split: str = "train", **kwargs) -> tuple[list[dict], list[dict]]:
     """Every batch of one epoch of ``data`` (a TrainingData) through the batch path and through the per-sample
     path."""
-    from pipeline.data.reading import TrainingData
-
     fast = list(data.loader(split, transform=as_columns, **kwargs))
-    slow_data = TrainingData.open([str(d) for d in data.dirs], tmp_path / "slow-cache")
-    slow = list(slow_data.sample_loader(split, transform=as_columns, **kwargs))
+    slow = list(streaming_loader(data, tmp_path / "slow-cache", split, transform=as_columns, **kwargs))
     return fast, slow
+
+
+def streaming_loader(data, cache: Path, split: str, *, batch_size: int, shuffle: bool, seed: int,
+                     num_workers: int = 0, transform):
+    """The reference the batch path is held to: streaming's own ``StreamingDataset`` over the same versions'
+    split (one stream each), its ``StreamingDataLoader``, each sample decoded by ``__getitem__``, then stacked by
+    ``decode_columns``: the same batches, in the same order, several times slower."""
+    import torch
+    from streaming import StreamingDataLoader
+
+    dataset = streaming_dataset(data, cache, split, shuffle=shuffle, seed=seed, batch_size=batch_size)
+    return StreamingDataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                               collate_fn=_Collate(transform), generator=torch.Generator().manual_seed(seed))
+
+
+def streaming_dataset(data, cache: Path, split: str, *, shuffle: bool = False, seed: int = 0,
+                      batch_size: int | None = None):
+    """streaming's ``StreamingDataset`` over ``data``'s versions of ``split``, one stream each (its defaults)."""
+    from streaming import Stream, StreamingDataset
+
+    from pipeline.data.shm import registering
+
+    streams = [Stream(remote=str(d / split), local=str(cache / m["version"] / split))
+               for d, m in zip(data.dirs, data.manifests) if m["splits"][split]]
+    with registering():  # another lane of the suite may be opening one at this moment
+        return StreamingDataset(streams=streams, shuffle=shuffle, shuffle_seed=seed, batch_size=batch_size)
+
+
+class _Collate:
+    """Picklable collate: decode the batch's columns, then the transform."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+    def __call__(self, samples: list[dict]):
+        from pipeline.data.shards import decode_columns
+
+        return self.transform(decode_columns(samples, list(samples[0]) if samples else []))
 
 
 def _ids_of(columns):

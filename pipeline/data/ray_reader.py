@@ -16,7 +16,6 @@ stay on the MDS reader.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,19 +30,17 @@ SHUFFLE_BUFFER_BATCHES = 4
 
 @functools.lru_cache(maxsize=4)
 def _split_reader(dirs: tuple[str, ...], split: str, cache_dir: str):
-    """A split's MDS reader, opened once per Ray worker process (Ray keeps them warm between epochs). Each
-    process has a cache of its own: streaming's shared memory is one reader's per cache folder, and Ray Data
-    runs several reading tasks at once (so a node holds up to one decompressed copy per reading process)."""
+    """A split's MDS reader, opened once per Ray worker process (Ray keeps them warm between epochs); the
+    node's reading processes share one cache, where each shard is made local once."""
     from pipeline.data.reading import TrainingData
 
-    cache = Path(cache_dir) / f"reader-{os.getpid()}"
-    return TrainingData.open(list(dirs), cache).dataset(split, shuffle=False, seed=0, batched=True)
+    return TrainingData.open(list(dirs), Path(cache_dir)).shards(split)
 
 
 def read_rows(batch: dict[str, np.ndarray], *, dirs: tuple[str, ...], split: str, cache_dir: str) -> dict[str, np.ndarray]:
     """Ray Data's map: row ranges -> those rows' decoded columns."""
     ids = np.concatenate([np.arange(a, b) for a, b in zip(batch["start"], batch["stop"])])
-    columns = _split_reader(dirs, split, cache_dir).read_batch(ids)
+    columns = _split_reader(dirs, split, cache_dir).read(ids)
     return {name: np.asarray(values) for name, values in columns.items()}
 
 

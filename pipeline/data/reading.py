@@ -5,8 +5,7 @@ Versions store raw values; their statistics merge into the preprocessing of the 
 window of daily versions reads as one dataset, whatever vocabulary each day had on its own.
 
 ``TrainingData.loader`` keeps streaming's partition, shuffle and mid-epoch resumption but reads each batch
-as one piece from memory-mapped shards, decoded by column: the batch path, ``BatchDataset`` and
-``BatchLoader`` (``pipeline.data.batch_loader``) over ``pipeline.data.shards``.
+as one piece from memory-mapped shards, decoded by column (``pipeline.data.loader``).
 """
 
 from __future__ import annotations
@@ -20,10 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from pipeline.data import local_path
-from pipeline.data.batch_loader import batch_classes
+from pipeline.data.loader import BatchLoader, Shards, Source
 from pipeline.data.prep import read_manifest, read_stats
-from pipeline.data.shards import decode_columns
-from pipeline.data.shm import registering
 from pipeline.errors import DataError
 
 
@@ -89,59 +86,35 @@ class TrainingData:
         path.write_text(json.dumps(self.preprocessing, indent=2))
         return path
 
-    def dataset(self, split: str, *, shuffle: bool, seed: int, batch_size: int | None = None, batched: bool = False):
-        """The split's versions as the streams of one ``StreamingDataset`` (a ``BatchDataset``, which
-        iterates by whole batches, when ``batched``)."""
-        from streaming import StreamingDataset
-
-        # Each published version is one stream's remote; each job gets its own local cache: two jobs
-        # reading one version at once would otherwise collide on streaming's per-directory shared memory.
-        # Its files are checked against the version's manifest as they arrive in the cache.
-        stream = batch_classes()["VerifiedStream"]
-        streams = [
-            stream(dataset_dir=str(d), manifest=m, split=split, local=str(self.cache_dir / m["version"] / split))
-            for d, m in zip(self.dirs, self.manifests) if m["splits"][split]
-        ]
-        if not streams:
+    def shards(self, split: str) -> Shards:
+        """The split's shards over every version, in order. Each job reads through a local cache of its own
+        (``cache_dir``), where a shard's file arrives checked against the version's index and manifest."""
+        sources = [Source(d, m, split, self.cache_dir / m["version"] / split)
+                   for d, m in zip(self.dirs, self.manifests) if m["splits"][split]]
+        if not sources:
             raise DataError(f"split {split!r} has no rows in dataset version(s) {self.versions}")
-        kind = batch_classes()["BatchDataset"] if batched else StreamingDataset
-        with registering():  # another job on this machine may be registering its own at this moment
-            return kind(streams=streams, split=None, shuffle=shuffle, shuffle_seed=seed, batch_size=batch_size)
+        return Shards(sources)
 
     def loader(self, split: str, *, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0,
-               transform: Callable[[dict[str, Any]], Any]):
-        """A resumable loader (a ``BatchLoader``) over this rank's share of ``split``: ``state_dict`` and
-        ``load_state_dict`` give a mid-epoch position. Each batch is ``transform(columns)``, ``columns``
-        being the batch's decoded columns (see ``decode_columns``); ``transform`` must be picklable when
-        ``num_workers > 0``.
+               transform: Callable[[dict[str, Any]], Any]) -> BatchLoader:
+        """A resumable loader over this rank's share of ``split``: ``state_dict`` and ``load_state_dict`` give a
+        mid-epoch position. Each batch is ``transform(columns)``, ``columns`` being the batch's decoded columns
+        (see ``pipeline.data.shards.decode_columns``); ``transform`` must be picklable when ``num_workers > 0``.
 
-        Batches hold the samples, in the order, of a ``StreamingDataLoader`` over ``dataset(split)``, but
-        a batch is read as one piece from memory-mapped shards and decoded by column with numpy (see
-        ``BatchDataset``): keep ``num_workers=0`` unless images take long to decode and cores are spare.
+        Batches hold the samples, in the order, of a ``StreamingDataLoader`` over a ``StreamingDataset`` of the
+        same streams, but a batch is read as one piece from memory-mapped shards and decoded by column with
+        numpy: keep ``num_workers=0`` unless images take long to decode and cores are spare.
         (``pipeline.data.ray_reader.ray_loader`` is the same through Ray Data.)"""
         import torch
-        dataset = self.dataset(split, shuffle=shuffle, seed=seed, batch_size=batch_size, batched=True)
+
         # Loaders draw a base seed at every iter(); from their own generator, so that the global stream
         # (dropout, augmentation) is the same after a mid-epoch resume as in an uninterrupted run.
-        return batch_classes()["BatchLoader"](dataset, num_workers=num_workers, transform=transform,
-                                               generator=torch.Generator().manual_seed(seed))
-
-    def sample_loader(self, split: str, *, batch_size: int, shuffle: bool, seed: int, num_workers: int = 0,
-                      transform: Callable[[dict[str, Any]], Any]):
-        """``loader`` the per-sample way: streaming's ``__getitem__`` decodes each sample, then
-        ``decode_columns`` stacks them. Same batches, several times slower; the reference the fast
-        path is tested and benchmarked against."""
-        import torch
-        from streaming import StreamingDataLoader
-
-        dataset = self.dataset(split, shuffle=shuffle, seed=seed, batch_size=batch_size)
-        return StreamingDataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
-                                   collate_fn=_Collate(transform), generator=torch.Generator().manual_seed(seed))
+        return BatchLoader(self.shards(split), batch_size=batch_size, shuffle=shuffle, seed=seed,
+                           num_workers=num_workers, transform=transform, generator=torch.Generator().manual_seed(seed))
 
     def read_split(self, split: str) -> dict[str, Any]:
         """Every row of ``split`` (all versions, in order) as decoded columns (see ``decode_columns``)."""
-        dataset = self.dataset(split, shuffle=False, seed=0, batched=True)
-        return dataset.read_all(self.schema["columns"])
+        return self.shards(split).read_all(self.schema["columns"])
 
     @cached_property
     def encoder(self) -> "Encoder":
@@ -214,16 +187,6 @@ class Encoder:
         except KeyError as exc:
             raise DataError(f"label {exc.args[0]!r} is not one of the classes {list(self.label_index)}") from None
         return num, cat, label
-
-
-class _Collate:
-    """Picklable collate: decode the batch's columns, then the recipe's transform."""
-
-    def __init__(self, transform: Callable[[dict[str, Any]], Any]):
-        self.transform = transform
-
-    def __call__(self, samples: list[dict[str, Any]]) -> Any:
-        return self.transform(decode_columns(samples, list(samples[0]) if samples else []))
 
 
 def _columns(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -40,11 +40,6 @@ def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir:
     dist = distributed.setup()  # the launcher's launch.backend
     mark("process_group_ready")
     try:
-        from pipeline.data.shm import clean_stale_shared_memory
-
-        if dist.local_rank == 0:
-            clean_stale_shared_memory()  # what ranks of a previous (restarted) attempt left behind
-        distributed.barrier(dist)
         ctx = RunContext(cfg, dist, Path(out_dir))
         mark("run_context_ready")
         # One cache per node, shared by its ranks: the job folder may be one volume that every node mounts.

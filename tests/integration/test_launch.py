@@ -204,8 +204,9 @@ def test_ranks_orphaned_by_a_killed_torchrun_agent_are_stopped_by_the_guard(scri
     deadline = time.monotonic() + 60
     while len(pids_with(marker)) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
-    agents = [pid for pid in pids_with(marker)
-              if cmdline(pid).count(b"pipeline.job.local.torchrun") and b"guard" not in cmdline(pid)]
+    agents = [pid for pid in pids_with(marker)  # the guard's command line names the agent's module too
+              if b"pipeline.job.local.torchrun" in cmdline(pid)
+              and b"pipeline.job.local.process_group" not in cmdline(pid)]
     assert len(agents) == 1
     os.kill(agents[0], signal.SIGKILL)
     thread.join(timeout=30)

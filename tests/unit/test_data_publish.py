@@ -12,7 +12,7 @@ import pytest
 from pipeline.data import convert, prep, sources, windows
 from pipeline.data.reading import TrainingData
 from pipeline.errors import DataError
-from tests.datafiles import cfg, dataset_dir, read_rows, table, write_parquet
+from tests.datafiles import cfg, dataset_dir, read_rows, streaming_dataset, table, write_parquet
 
 
 def test_the_shard_and_index_digests_in_the_manifest_match_the_files(tmp_path):
@@ -99,7 +99,7 @@ def test_a_backfill_of_three_intervals_reads_as_one_window(tmp_path):
     assert prep_all["std"][0] == pytest.approx(train_a.std(), abs=1e-9)
 
     # One StreamingDataset over three streams; collate encodes with the window's vocabulary.
-    ds = data.dataset("train", shuffle=False, seed=0)
+    ds = streaming_dataset(data, tmp_path / "reference", "train")
     assert ds.num_samples == data.rows("train") == sum(m["splits"]["train"] for m in manifests)
     batch = data.collate([ds[i] for i in range(ds.num_samples)])
     assert batch["num"].shape == (ds.num_samples, 1) and str(batch["num"].dtype) == "torch.float32"

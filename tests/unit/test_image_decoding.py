@@ -42,7 +42,8 @@ def test_good_images_decode_as_pil_does():
 @pytest.fixture
 def damaged_record(tmp_path):
     """A published image version whose first training sample's PNG data is garbage, with the manifest's digest
-    made to match: damage that digests cannot see (a broken writer, a bad disk before publication)."""
+    made to match, and the split index's: damage that digests cannot see (a broken writer, a bad disk before
+    publication)."""
     write_image_folder(tmp_path / "img", {"boot": 30, "shirt": 30})
     manifest = prep.prepare(cfg(tmp_path / "img", compression="none"), name="t", out_root=tmp_path / "out")
     entry = manifest["shards"]["train"][0]
@@ -52,6 +53,16 @@ def damaged_record(tmp_path):
     data[at:at + 20] = bytes(range(20))
     shard.write_bytes(bytes(data))
     entry["xxh3_128"] = integrity.digest_file(shard)
+    # The split's index records the shard's digest too, and the manifest the index's: a writer that wrote bad
+    # bytes wrote both of those for them.
+    index_path = dataset_dir(manifest) / "train" / integrity.INDEX
+    index = json.loads(index_path.read_text())
+    for shard_entry in index["shards"]:
+        if shard_entry["raw_data"]["basename"] == entry["basename"]:
+            shard_entry["raw_data"]["bytes"] = len(data)
+            shard_entry["raw_data"]["hashes"] = {integrity.ALGORITHM: entry["xxh3_128"]}
+    index_path.write_text(json.dumps(index, sort_keys=True))
+    manifest["indexes"]["train"] = integrity.file_entry(index_path.read_bytes(), integrity.INDEX)
     (dataset_dir(manifest) / "manifest.json").write_text(json.dumps({k: v for k, v in manifest.items() if k != "skipped"}))
     return manifest, entry
 

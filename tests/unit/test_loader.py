@@ -12,7 +12,7 @@ from pipeline.data.demo import write_idx
 from pipeline.data.reading import TrainingData
 from pipeline.data.shards import _images, decode_columns
 from tests.datafiles import (as_columns, assert_same_batches, both_paths, cfg, check_mid_epoch_resume, numbered_rows,
-                             table, write_image_folder, write_parquet)
+                             streaming_dataset, table, write_image_folder, write_parquet)
 from tests.services import wait_for
 
 
@@ -106,7 +106,7 @@ def test_mid_epoch_resume_delivers_exactly_the_remaining_samples(tabular, tmp_pa
 def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_path):
     data = TrainingData.open([tabular["uri"]], tmp_path / "cache")
     columns = data.read_split("val")
-    dataset = data.dataset("val", shuffle=False, seed=0)
+    dataset = streaming_dataset(data, tmp_path / "reference", "val")
     samples = [dataset[i] for i in range(dataset.num_samples)]
     want = decode_columns(samples, data.schema["columns"])
     assert list(columns) == data.schema["columns"]
@@ -118,7 +118,7 @@ def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_pa
 def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order():
     import threading
 
-    from pipeline.data.batch_loader import ReadAhead
+    from pipeline.data.loader import ReadAhead
 
     asked = [0]  # the consumer's next() calls begun
     pulled: list[tuple[int, int, str]] = []  # (item, next() calls begun when the source gave it, thread)
@@ -142,7 +142,7 @@ def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order(
 
 
 def test_read_ahead_raises_the_sources_error_at_its_item():
-    from pipeline.data.batch_loader import ReadAhead
+    from pipeline.data.loader import ReadAhead
 
     def source():
         yield from range(3)
@@ -158,7 +158,7 @@ def test_read_ahead_raises_the_sources_error_at_its_item():
 def test_a_dropped_read_ahead_stops_and_closes_its_source_on_its_thread():
     import threading
 
-    from pipeline.data.batch_loader import ReadAhead
+    from pipeline.data.loader import ReadAhead
 
     closed: list[str] = []
 

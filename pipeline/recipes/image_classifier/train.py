@@ -44,10 +44,8 @@ def input_shape(data: TrainingData) -> tuple[int, int, int]:
     if encoding.startswith("ndarray:"):
         shape = tuple(int(n) for n in encoding.rsplit(":", 1)[1].split(","))
     else:
-        # Its own cache folder: streaming refuses two live datasets on one local folder.
-        probe = TrainingData.open([str(d) for d in data.dirs], data.cache_dir / "probe").dataset(
-            "train", shuffle=False, seed=0)
-        shape = np.asarray(probe[0][column]).shape
+        first = data.shards("train").read(np.arange(1))
+        shape = np.asarray(first[column][0]).shape
     if len(shape) not in (2, 3):
         raise DataError(f"column {column!r}: images must be 2-D (gray) or 3-D (H, W, C), got shape {shape}")
     _SHAPES[key] = (1, shape[0], shape[1]) if len(shape) == 2 else (shape[2], shape[0], shape[1])
