@@ -78,7 +78,7 @@ def read_rows(manifest: dict, cache: Path, split: str | None = None) -> list[dic
     """Every sample of a published version (or one split), read back through StreamingDataset."""
     from streaming import StreamingDataset
 
-    from pipeline.data.shm import registering
+    from tests.streaming_shm import registering
 
     rows = []
     for s in [split] if split else ["train", "val", "test"]:
@@ -187,7 +187,7 @@ def streaming_dataset(data, cache: Path, split: str, *, shuffle: bool = False, s
     """streaming's ``StreamingDataset`` over ``data``'s versions of ``split``, one stream each (its defaults)."""
     from streaming import Stream, StreamingDataset
 
-    from pipeline.data.shm import registering
+    from tests.streaming_shm import registering
 
     streams = [Stream(remote=str(d / split), local=str(cache / m["version"] / split))
                for d, m in zip(data.dirs, data.manifests) if m["splits"][split]]

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from pipeline import stages
-from pipeline.data.shm import paths_in_use, registration_lock_path
+from tests.streaming_shm import paths_in_use, registration_lock_path
 from tests.jobs import run_torchrun
 from pipeline.job.ray.cluster import LocalCluster
 from pipeline.job.spec import JobSpec, launch_config

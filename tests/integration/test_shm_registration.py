@@ -1,4 +1,4 @@
-"""StreamingDataset prefixes registered one job at a time on a machine (``pipeline.data.shm.registering``), on real
+"""StreamingDataset prefixes registered one job at a time on a machine (``tests.streaming_shm.registering``), on real
 processes: two jobs opening datasets at the same moments, and the ranks of a 2-rank gloo job that enter the
 registration only once another job's lock is free. The retry loop without processes is in tests/unit/test_shm.py."""
 
@@ -27,7 +27,7 @@ def tabular(tmp_path_factory) -> dict:
 def test_jobs_opening_datasets_at_the_same_moments_each_get_a_prefix_of_their_own(tabular, tmp_path):
     """streaming's ranks look for the first free shared-memory prefix, then their leader creates it: two jobs
     doing so at once picked the same one, and one failed with FileExistsError (13 of 30 openings here without
-    ``pipeline.data.shm.registering``)."""
+    ``tests.streaming_shm.registering``)."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")

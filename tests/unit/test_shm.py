@@ -1,4 +1,4 @@
-"""``pipeline.data.shm.registering`` without processes: its rounds (the leader tries the lock, every rank of the job
+"""``tests.streaming_shm.registering`` without processes: its rounds (the leader tries the lock, every rank of the job
 answers, all let go and try again until every rank says yes) with a stand-in lock and stand-in ranks, and the real
 lock of a process outside a job. Real 2-rank jobs: tests/integration/test_shm_registration.py."""
 

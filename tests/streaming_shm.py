@@ -1,11 +1,7 @@
-"""StreamingDataset's shared memory on a machine: registered one job at a time, and removed when dead readers
-(training ranks) left it behind, and only then.
-
-StreamingDataset coordinates the ranks of a node through named shared memory (``/dev/shm/000000_locals``
-...) and file locks in the temp folder. A rank killed with SIGKILL leaves them behind, and the next
-attempt then trips over them. streaming's own ``clean_stale_shared_memory`` unlinks every such name,
-including those of another job running on the same machine; here a segment counts as stale only
-when no live process has it mapped or open.
+"""StreamingDataset's shared memory, for the tests that open streaming's own ``StreamingDataset`` (the reference
+the pipeline's batch reader is held to, ``tests.datafiles.streaming_loader``): its prefixes registered one
+job at a time on a machine, and which ``/dev/shm`` files live processes hold. The pipeline itself reads
+without streaming's shared memory (``pipeline.data.loader``).
 
 Registering is streaming's too: every rank looks for the first prefix with no ``NNNNNN_locals``, then the
 node's local leader creates it. Two jobs that do so at once on one machine pick the same prefix, and the
@@ -34,37 +30,6 @@ _SEGMENT = re.compile(
     r"^(\d{6})_(locals|barrier|next_epoch|cache_usage|shard_states|shard_access_times|resume|epoch_shape|epoch_data)$"
 )
 _FILELOCK = re.compile(r"^(\d{6})_(barrier_filelock|cache_filelock)$")
-
-
-def clean_stale_shared_memory(shm_dir: Path = SHM_DIR) -> list[str]:
-    """Unlink streaming's segments that no live process uses, and their orphaned file locks."""
-    if not shm_dir.is_dir():
-        return []
-    segments = [p for p in shm_dir.iterdir() if _SEGMENT.match(p.name)]
-    in_use = paths_in_use() if segments else set()
-    removed, live_prefixes = [], set()
-    for path in segments:
-        if str(path) in in_use:
-            live_prefixes.add(_SEGMENT.match(path.name).group(1))
-            continue
-        try:
-            path.unlink()
-            removed.append(path.name)
-        except FileNotFoundError:
-            pass
-        except PermissionError:  # another user's: not ours to judge
-            live_prefixes.add(_SEGMENT.match(path.name).group(1))
-    for path in Path(tempfile.gettempdir()).iterdir():
-        match = _FILELOCK.match(path.name)
-        if match and match.group(1) not in live_prefixes and not (shm_dir / f"{match.group(1)}_locals").exists():
-            try:
-                path.unlink()
-                removed.append(path.name)
-            except OSError:
-                pass
-    if removed:
-        log.info("removed stale shared memory of dead processes: %s", ", ".join(sorted(removed)))
-    return removed
 
 
 def paths_in_use(pids: Iterable[int] | None = None) -> set[str]:
