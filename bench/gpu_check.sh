@@ -46,7 +46,7 @@ PYEOF
 URI=$($PY - "$OUT" <<'PYEOF'
 import sys, time
 from pathlib import Path
-from pipeline.data.prep import prepare
+from pipeline.data.prepare import prepare
 from pipeline.recipes import get_recipe
 
 out = Path(sys.argv[1])

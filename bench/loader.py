@@ -1,5 +1,5 @@
 """Data loading against what a training step consumes: the batch path of ``TrainingData.loader``
-(``pipeline.data.loader``) and streaming's own per-sample path (``StreamingDataset`` and ``StreamingDataLoader``
+(``pipeline.data.read.loader``) and streaming's own per-sample path (``StreamingDataset`` and ``StreamingDataLoader``
 over the same streams), for tabular rows, 28x28 array images (IDX) and 28x28 PNG images (an image folder);
 with ``--baseline DIR`` (a checkout of another revision: ``git worktree add DIR REV``) that revision's own
 bench runs on the same sizes, after this one, and its batch path is printed beside this tree's.
@@ -7,7 +7,7 @@ bench runs on the same sizes, after this one, and its batch path is printed besi
     .venv/bin/python bench/loader.py [--rows 60000 --images 60000 --pngs 6000 --batch-size 256
                                       --threads 1 --workers 0,1 --rounds 3 --ddp-epochs 2 --baseline DIR]
 
-Each dataset is prepared once with ``pipeline.data.prep`` under a temporary PIPELINE_HOME; then, in this one
+Each dataset is prepared once with ``pipeline.data.prepare.version`` under a temporary PIPELINE_HOME; then, in this one
 process, with ``torch.set_num_threads(--threads)`` (1: what each of 2 ranks gets on 2 cores), each figure the
 best of --rounds rounds:
 
@@ -93,11 +93,11 @@ def main() -> None:
 
 def _prepare(home: Path, name: str, input_path: Path):
     from pipeline.config import DataConfig
-    from pipeline.data import prep
-    from pipeline.data.reading import TrainingData
+    from pipeline.data.prepare.version import prepare
+    from pipeline.data.read.training_data import TrainingData
 
     started = time.perf_counter()
-    manifest = prep.prepare(DataConfig(input_path=str(input_path), label_column="label", workers=1),
+    manifest = prepare(DataConfig(input_path=str(input_path), label_column="label", workers=1),
                             name=name, out_root=home / "data")
     print(f"{name}: {manifest['splits']['train']:,} train rows, {manifest['schema']['encodings']} "
           f"(prepared in {time.perf_counter() - started:.1f} s)", flush=True)
@@ -291,7 +291,7 @@ def _rank_entry(path: str, argv: list[str]) -> None:
 
     sys.path.insert(0, str(ROOT))
     if path == "per-sample":
-        from pipeline.data.reading import TrainingData
+        from pipeline.data.read.training_data import TrainingData
 
         TrainingData.loader = _per_sample
     sys.argv = ["pipeline.rank", *argv]

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from pipeline.data.reading import TrainingData
+from pipeline.data.read.training_data import TrainingData
 from pipeline.recipes.tabular_mlp import TabularConfig
 from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
 from pipeline.recipes.tabular_mlp.train import Encode

@@ -3,7 +3,10 @@ should_stop() (overlapped all-reduce), and with should_stop(overlap=False) (bloc
 
     PYTHONPATH=. .venv/bin/torchrun --standalone --nproc-per-node=2 bench/preemption_overhead.py [--steps 1500 --batch 16 --repeats 3]
 """
-import argparse, statistics, time
+import argparse
+import statistics
+import time
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel

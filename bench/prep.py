@@ -53,7 +53,9 @@ def run_baseline(kind: str, path: str, out: str) -> dict:
     import pyarrow.parquet as pq
     from streaming import MDSWriter
 
-    from pipeline.data.mds import HASHES  # the digests the pipeline computes, so both pay for the same
+    from pipeline.data.prepare.mds_writer import (
+        HASHES,  # the digests the pipeline computes, so both pay for the same
+    )
 
     started = time.perf_counter()
     rows = 0
@@ -67,7 +69,7 @@ def run_baseline(kind: str, path: str, out: str) -> dict:
                     w.write(row)
                     rows += 1
     else:
-        from pipeline.data import idx
+        from pipeline.data.prepare import idx
 
         images = idx.read(str(Path(path) / "train-images-idx3-ubyte.gz"), 0x803)  # whole file
         labels = idx.read(str(Path(path) / "train-labels-idx1-ubyte.gz"), 0x801)
@@ -81,11 +83,11 @@ def run_baseline(kind: str, path: str, out: str) -> dict:
 
 def run_pipeline(kind: str, path: str, out: str, workers: int) -> dict:
     from pipeline.config import DataConfig
-    from pipeline.data import prep
+    from pipeline.data.prepare.version import prepare
 
     started = time.perf_counter()
     cfg = DataConfig(input_path=path, workers=workers)
-    manifest = prep.prepare(cfg, name=kind, out_root=Path(out))
+    manifest = prepare(cfg, name=kind, out_root=Path(out))
     return {"rows": sum(manifest["splits"].values()), "wall_s": time.perf_counter() - started,
             "timings_s": manifest["timings_s"], "units": manifest["units"]}
 

@@ -45,8 +45,8 @@ def main() -> None:
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     sys.path.insert(0, str(ROOT))
     from pipeline import stages
-    from pipeline.job.supervisor import Job
     from pipeline.data import demo
+    from pipeline.job.supervisor import Job
     from pipeline.recipes import tabular_mlp
 
     parquet = demo.write_parquet(home / "inputs" / "bench.parquet", args.rows, seed=0)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def _files(dataset_dir: Path, manifest: dict) -> list[Path]:
-    from pipeline.data import integrity
+    from pipeline.data.versions import integrity
 
     return [dataset_dir / split / name for split in manifest["shards"]
             for name in integrity.expected_files(manifest, split)]
@@ -74,11 +74,13 @@ def _hash_all(paths: list[Path], make) -> float:
 
 def measure(kind: str, path: Path, out: Path) -> dict:
     from pipeline.config import DataConfig
-    from pipeline.data import integrity, local_path, prep
+    from pipeline.data import local_path
+    from pipeline.data.prepare.version import prepare
+    from pipeline.data.versions import integrity
 
     shutil.rmtree(out, ignore_errors=True)
     cfg = DataConfig(input_path=str(path))
-    manifest = prep.prepare(cfg, name=kind, out_root=out)
+    manifest = prepare(cfg, name=kind, out_root=out)
     dataset_dir = local_path(manifest["uri"])
     paths = _files(dataset_dir, manifest)
     result = {"kind": kind, "rows": sum(manifest["splits"].values()), "prep_s": manifest["prep_wall_s"],
@@ -92,7 +94,7 @@ def measure(kind: str, path: Path, out: Path) -> dict:
     assert not integrity.check_version(dataset_dir, manifest)
     result["cold_s"] = time.perf_counter() - started
     started = time.perf_counter()
-    assert prep.prepare(cfg, name=kind, out_root=out)["skipped"]
+    assert prepare(cfg, name=kind, out_root=out)["skipped"]
     result["reuse_s"] = time.perf_counter() - started
     result["algorithms"] = {name: _hash_all(paths, make) for name, make in _candidates().items()}
     shutil.rmtree(out, ignore_errors=True)

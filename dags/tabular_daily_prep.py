@@ -13,8 +13,8 @@ from datetime import datetime, timedelta, timezone
 from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag, task
 
 from pipeline import deployment, stages
-from pipeline.data import windows
 from pipeline.airflow.tasks import run_stage
+from pipeline.data.versions import windows
 from pipeline.recipes import tabular_mlp as recipe
 
 DAILY = Asset(name=recipe.DAILY_DATASET, uri=recipe.dataset_uri(recipe.DAILY_DATASET))

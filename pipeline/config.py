@@ -85,7 +85,7 @@ class DataConfig:
     )
     transform: str = config_field(
         "", "Row transform run by the preparation after validation (module:ATTR of a factory taking this data "
-        "config, see pipeline.data.transform), e.g. a recipe's tokenization; empty stores the validated rows."
+        "config, see pipeline.data.prepare.transform), e.g. a recipe's tokenization; empty stores the validated rows."
     )
 
 

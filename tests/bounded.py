@@ -34,17 +34,17 @@ def run_prepare(path: Path, out: Path, **overrides) -> dict:
 
 
 def _child(path: str, out: str, overrides: str) -> None:
-    from pipeline.data import prep
+    import PIL.Image  # noqa: F401  (imported before the baseline, as the preparation's workers would)
+
+    from pipeline.data.prepare.version import prepare
     from pipeline.errors import UserError
     from tests.datafiles import cfg
-
-    import PIL.Image  # noqa: F401  (imported before the baseline, as the preparation's workers would)
 
     Path("/proc/self/clear_refs").write_text("5")  # the peak so far is the imports': start counting here
     baseline = _status_kib("VmRSS")
     result = {"type": None, "message": ""}
     try:
-        prep.prepare(cfg(path, **json.loads(overrides)), name="t", out_root=Path(out))
+        prepare(cfg(path, **json.loads(overrides)), name="t", out_root=Path(out))
     except UserError as exc:
         result = {"type": type(exc).__name__, "message": str(exc)}
     result["peak_growth_bytes"] = max(0, _status_kib("VmHWM") - baseline) * 1024

@@ -123,7 +123,7 @@ def open_datasets_in_step(uri: str, cache: str, barrier, rounds: int, results) -
     """A job of its own (run in a process of its own): opens ``uri``'s train split ``rounds`` times, each at the
     moment ``barrier`` lets every such job go, keeping every dataset open; puts (errors, prefixes) in
     ``results``."""
-    from pipeline.data.reading import TrainingData
+    from pipeline.data.read.training_data import TrainingData
 
     keep, errors = [], []
     for i in range(rounds):
@@ -140,10 +140,10 @@ def open_datasets_in_step(uri: str, cache: str, barrier, rounds: int, results) -
 def numbered_rows(tmp: Path, rows: int = 700) -> dict:
     """The manifest of a published version of ``table`` with an ``id`` column (0, 1, ...), in tiny shards: many
     of them."""
-    from pipeline.data import prep
+    from pipeline.data.prepare.version import prepare
 
     write_parquet(tmp / "in.parquet", table(rows).append_column("id", pa.array(np.arange(rows))))
-    return prep.prepare(cfg(tmp / "in.parquet"), name="t", out_root=tmp / "out")
+    return prepare(cfg(tmp / "in.parquet"), name="t", out_root=tmp / "out")
 
 
 def as_columns(columns):
@@ -202,7 +202,7 @@ class _Collate:
         self.transform = transform
 
     def __call__(self, samples: list[dict]):
-        from pipeline.data.shards import decode_columns
+        from pipeline.data.read.shards import decode_columns
 
         return self.transform(decode_columns(samples, list(samples[0]) if samples else []))
 
@@ -214,7 +214,7 @@ def _ids_of(columns):
 def check_mid_epoch_resume(manifest: dict, tmp_path: Path, num_workers: int) -> None:
     """A loader over ``numbered_rows``'s train split stopped after 7 batches and resumed from its state in a
     fresh loader delivers exactly the remaining samples, in the uninterrupted epoch's order."""
-    from pipeline.data.reading import TrainingData
+    from pipeline.data.read.training_data import TrainingData
 
     def ids(batches) -> list[int]:
         return [int(i) for b in batches for i in b]

@@ -1,7 +1,7 @@
 """StreamingDataset's shared memory, for the tests that open streaming's own ``StreamingDataset`` (the reference
 the pipeline's batch reader is held to, ``tests.datafiles.streaming_loader``): its prefixes registered one
 job at a time on a machine, and which ``/dev/shm`` files live processes hold. The pipeline itself reads
-without streaming's shared memory (``pipeline.data.loader``).
+without streaming's shared memory (``pipeline.data.read.loader``).
 
 Registering is streaming's too: every rank looks for the first prefix with no ``NNNNNN_locals``, then the
 node's local leader creates it. Two jobs that do so at once on one machine pick the same prefix, and the

@@ -14,16 +14,16 @@ from typing import Any
 from airflow.sdk import Asset, Param, dag, task
 
 from pipeline import deployment, stages
-from pipeline.data import windows
 from pipeline.airflow.approval import promotion_approval
 from pipeline.airflow.links import with_mlflow_link
 from pipeline.airflow.tasks import TrainOperator, run_stage
+from pipeline.data.versions import windows
 from pipeline.recipes import get_recipe
 
 
 def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = None, **dag_kwargs: Any):
     """The pipeline DAG of a registered recipe. ``schedule`` may be Assets of daily datasets: a run they
-    trigger trains on the newest ``data.window_intervals`` of them (``pipeline.data.windows``)."""
+    trigger trains on the newest ``data.window_intervals`` of them (``pipeline.data.versions.windows``)."""
     recipe = get_recipe(recipe_name)
     dataset = Asset(name=recipe.name, uri=deployment.dataset_uri(recipe.name))
     config_from_params = recipe.config_from_params

@@ -156,7 +156,9 @@ def __getattr__(name: str):
         # Airflow's own Celery configuration, the same object (Airflow then applies nothing twice). Fetching it is
         # how a Celery worker meets this module, before it starts: the preload runs when the worker starts, in its
         # main process, before the pool's processes fork (its signal never fires in a scheduler).
-        from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
+        from airflow.providers.celery.executors.default_celery import (
+            DEFAULT_CELERY_CONFIG,
+        )
         from celery.signals import worker_init
 
         worker_init.connect(_on_worker_init, weak=False, dispatch_uid=__name__)

@@ -15,12 +15,12 @@ from typing import Any, Sequence
 from airflow.sdk import Param, dag, task
 
 from pipeline import deployment, stages
-from pipeline.stages import script as script_stages
-from pipeline.airflow.operator import TorchrunOperator
 from pipeline.airflow.dag_factory import release
 from pipeline.airflow.links import with_mlflow_link
+from pipeline.airflow.operator import TorchrunOperator
 from pipeline.airflow.tasks import run_stage
 from pipeline.recipes import get_recipe
+from pipeline.stages import script as script_stages
 
 _FROM_OPEN_RUN = "{{{{ ti.xcom_pull(task_ids='open_run')['{}'] }}}}"
 # The train split as prompt/completion JSON Lines, for a script's data argument in ``entry``.

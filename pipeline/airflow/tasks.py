@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from pipeline.config import PipelineConfig
 from pipeline.airflow.connections import mlflow_connection, mlflow_env_from_connection
 from pipeline.airflow.operator import TorchrunOperator, user_errors_fail
+from pipeline.config import PipelineConfig
 from pipeline.results import Result, from_xcom_as
 from pipeline.stages.run import RunInfo
 

@@ -21,7 +21,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
 
     A champion that takes other inputs (another recipe, another table's columns) is not comparable:
     the gate fails with that reason and the run goes on to ``promote``, which keeps the champion."""
-    from pipeline.data.reading import TrainingData
+    from pipeline.data.read.training_data import TrainingData
     from pipeline.evaluate.gate import decide, not_comparable
     from pipeline.evaluate.report import build_report, publish
     from pipeline.registry import models, tracking

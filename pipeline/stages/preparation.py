@@ -17,14 +17,14 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | Non
     """Publish (or find) the MDS dataset version of the configured input. A run that daily datasets
     triggered (``window``: the dataset and its newest interval's end) reads the newest
     ``data.window_intervals`` of them instead."""
-    from pipeline.data import windows
+    from pipeline.data.versions import windows
 
     if window:
         dataset = windows.resolve(deployment.data_dir(), window["dataset"], window["end"], cfg.data.window_intervals)
         log.info("training on the window %s of %s: versions %s", dataset.interval, window["dataset"],
                  list(dataset.versions))
         return dataset
-    from pipeline.data.prep import prepare
+    from pipeline.data.prepare.version import prepare
 
     started = time.perf_counter()
     manifest = prepare(cfg.data, name=cfg.RECIPE, out_root=deployment.data_dir())
@@ -33,8 +33,8 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | Non
 
 def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedData:
     """Publish (or find) dataset ``name``'s version of the run's data interval (its input partitions)."""
-    from pipeline.data import windows
-    from pipeline.data.prep import prepare
+    from pipeline.data.prepare.version import prepare
+    from pipeline.data.versions import windows
     from pipeline.errors import ConfigError
 
     if not (run.data_interval_start and run.data_interval_end):

@@ -8,8 +8,17 @@ import logging
 import time
 
 from pipeline.config import PipelineConfig
-from pipeline.results import (Approval, DatasetSummary, Evaluation, ModelSummary, PreparedData, Promotion,
-                              RegisteredModel, TrainedModel, TrainingSummary)
+from pipeline.results import (
+    Approval,
+    DatasetSummary,
+    Evaluation,
+    ModelSummary,
+    PreparedData,
+    Promotion,
+    RegisteredModel,
+    TrainedModel,
+    TrainingSummary,
+)
 from pipeline.stages.run import RunInfo
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, trained: TrainedModel) -> RegisteredModel:
     """Register the trained model (the recipe's self-contained package) once per DAG run and point
     ``challenger`` at it."""
-    from pipeline.data.reading import TrainingData
+    from pipeline.data.read.training_data import TrainingData
     from pipeline.registry import metrics_relay, models, tracking
 
     phases = Phases()

@@ -26,7 +26,7 @@ def open_run(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> dict[s
     sees the rows the evaluation holds out."""
     import json
 
-    from pipeline.data.reading import TrainingData
+    from pipeline.data.read.training_data import TrainingData
     from pipeline.registry import tracking
     from pipeline.stages import lineage_tags
 

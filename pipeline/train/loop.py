@@ -22,7 +22,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.config import PipelineConfig, TrainConfig
-from pipeline.data.reading import TrainingData
+from pipeline.data.read.training_data import TrainingData
 from pipeline.train import distributed
 from pipeline.train.checkpoint import capture_rng, load_state, restore_rng
 from pipeline.train.context import RunContext
@@ -68,7 +68,7 @@ def train_loader(cfg: PipelineConfig, data: TrainingData, transform):
     Data's stream (``ray``); either resumes from its ``state_dict``."""
     tc = cfg.train
     if cfg.data.reader == "ray":
-        from pipeline.data.ray_reader import ray_loader
+        from pipeline.data.read.ray_data import ray_loader
 
         return ray_loader(data, "train", batch_size=tc.batch_size, shuffle=True, seed=tc.seed, transform=transform)
     return data.loader("train", batch_size=tc.batch_size, shuffle=True, seed=tc.seed, num_workers=tc.num_workers,

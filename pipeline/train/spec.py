@@ -22,7 +22,7 @@ from pipeline.results import TrainedModel
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.data.reading import TrainingData
+    from pipeline.data.read.training_data import TrainingData
     from pipeline.train.context import RunContext
     from pipeline.train.distributed import DistContext
 

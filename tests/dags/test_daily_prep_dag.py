@@ -33,7 +33,7 @@ def test_a_backfill_of_three_days_gives_three_versions_and_asset_events(airflow_
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from pipeline.data import windows
+    from pipeline.data.versions import windows
 
     conf = {"input_path": str(daily_input), "overrides": {"data.shard_size_limit_bytes": 4096}}
     runs = [_run(day, conf) for day in DAYS]

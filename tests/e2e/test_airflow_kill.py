@@ -14,7 +14,8 @@ import pytest
 
 from pipeline.process_table import alive
 from tests.processes import pids_with
-from tests.services import AirflowApiServer, airflow_deployment, wait_for as _wait
+from tests.services import AirflowApiServer, airflow_deployment
+from tests.services import wait_for as _wait
 
 pytestmark = pytest.mark.e2e
 

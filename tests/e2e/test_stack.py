@@ -16,7 +16,12 @@ from datetime import datetime, timedelta, timezone
 import psutil
 import pytest
 
-from tests.e2e.test_airflow_kill import KILL_DAG_SOURCE, job_marker, still_alive, trigger_and_wait_for_ranks
+from tests.e2e.test_airflow_kill import (
+    KILL_DAG_SOURCE,
+    job_marker,
+    still_alive,
+    trigger_and_wait_for_ranks,
+)
 from tests.services import wait_for
 from tests.stack import MLFLOW_PASSWORD, make_stack, remove_stack
 

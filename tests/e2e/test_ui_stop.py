@@ -14,9 +14,13 @@ import sys
 import psutil
 import pytest
 
-from pipeline.process_table import alive
 from pipeline.dev.stack.rest import RestClient
-from tests.e2e.test_airflow_kill import DAG_ID, KILL_DAG_SOURCE, trigger_and_wait_for_ranks
+from pipeline.process_table import alive
+from tests.e2e.test_airflow_kill import (
+    DAG_ID,
+    KILL_DAG_SOURCE,
+    trigger_and_wait_for_ranks,
+)
 from tests.services import free_port, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from tests.jobs import run_torchrun
 from pipeline.recipes import tabular_mlp
+from tests.jobs import run_torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from tests.jobs import run_torchrun
 from pipeline.job_files import read_heartbeats
+from tests.jobs import run_torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.job.kubernetes.place import manifests_for
-from tests.kube_standin import rendered_pod
+from pipeline.job.spec import Attempt, JobSpec, launch_config
 from tests.jobs import run_torchrun
-from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.spec import Attempt
+from tests.kube_standin import rendered_pod
 
 pytestmark = pytest.mark.distributed
 

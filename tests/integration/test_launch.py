@@ -103,8 +103,8 @@ def test_the_operator_turns_a_rank_user_error_into_a_failure_without_retries(scr
 
 
 def test_operator_launch_options_are_the_config_fields_with_their_rules():
-    from pipeline.errors import ConfigError
     from pipeline.airflow import TorchrunOperator
+    from pipeline.errors import ConfigError
 
     op = TorchrunOperator(task_id="fit", entry=["train.py"], nproc_per_node=4, stall_timeout_s=30)
     assert (op.launch.nproc_per_node, op.launch.stall_timeout_s, op.launch.kind) == (4, 30.0, "local")

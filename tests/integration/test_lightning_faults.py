@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from tests.jobs import run_torchrun
 from pipeline.recipes import get_recipe
 from tests.faults import sigkill_rank, when_checkpoint
+from tests.jobs import run_torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from tests.jobs import run_torchrun
 from pipeline.recipes import get_recipe
 from pipeline.train.checkpoint import CheckpointStore, load_state
+from tests.jobs import run_torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -7,8 +7,13 @@ import sys
 
 import pytest
 
-from pipeline.data.reading import TrainingData
-from tests.datafiles import assert_same_batches, both_paths, check_mid_epoch_resume, numbered_rows
+from pipeline.data.read.training_data import TrainingData
+from tests.datafiles import (
+    assert_same_batches,
+    both_paths,
+    check_mid_epoch_resume,
+    numbered_rows,
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +37,7 @@ def test_reading_batches_imports_neither_pandas_nor_pyarrow_compute(tabular, tmp
     and out of read_split, without either."""
     script = (
         "import sys\n"
-        "from pipeline.data.reading import TrainingData\n"
+        "from pipeline.data.read.training_data import TrainingData\n"
         f"data = TrainingData.open([{tabular['uri']!r}], {str(tmp_path / 'cache')!r})\n"
         "batch = next(iter(data.loader('train', batch_size=32, shuffle=True, seed=3, transform=dict)))\n"
         "split = data.read_split('val')\n"

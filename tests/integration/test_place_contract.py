@@ -27,9 +27,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import (RankUserError, TrainingFailed, TrainingPreempted, TrainingStalled, TrainingStopped,
-                             TrainingTimedOut)
 from pipeline.airflow.connections import AirflowClusters
+from pipeline.errors import (
+    RankUserError,
+    TrainingFailed,
+    TrainingPreempted,
+    TrainingStalled,
+    TrainingStopped,
+    TrainingTimedOut,
+)
 from pipeline.job.kubernetes import place as kube
 from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.supervisor import Job

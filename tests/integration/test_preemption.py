@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
-from tests.jobs import run_torchrun
-from pipeline.recipes import tabular_mlp
 from pipeline.job_files import PREEMPTED_EXIT_CODE, read_heartbeats
+from pipeline.recipes import tabular_mlp
+from tests.jobs import run_torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -13,9 +13,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import deployment
-from pipeline.data import convert, prep
+from pipeline.data.prepare import convert
+from pipeline.data.prepare.version import prepare
 from pipeline.errors import DataError
-from tests.datafiles import cfg, dataset_dir, eight_bad_rows, published, table, write_parquet
+from tests.datafiles import (
+    cfg,
+    dataset_dir,
+    eight_bad_rows,
+    published,
+    table,
+    write_parquet,
+)
 from tests.processes import wait_until_gone
 
 
@@ -31,8 +39,8 @@ def _index_bytes(manifest) -> dict[str, bytes]:
 
 def test_rerun_is_skipped_and_the_output_is_the_same_for_any_worker_count(tmp_path):
     write_parquet(tmp_path / "in.parquet", table(3000), row_group_size=100)
-    one = prep.prepare(cfg(tmp_path / "in.parquet", workers=1, unit_bytes=8_000), name="t", out_root=tmp_path / "one")
-    two = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "two")
+    one = prepare(cfg(tmp_path / "in.parquet", workers=1, unit_bytes=8_000), name="t", out_root=tmp_path / "one")
+    two = prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "two")
     assert one["version"] == two["version"] and two["workers"] == 2
     assert len(list((dataset_dir(two) / "train").glob("part-*"))) >= 4  # units of a few 100-row groups
     assert _index_bytes(one) == _index_bytes(two)
@@ -40,7 +48,7 @@ def test_rerun_is_skipped_and_the_output_is_the_same_for_any_worker_count(tmp_pa
     assert all(s["xxh3_128"] and s["bytes"] for shards in two["shards"].values() for s in shards)
 
     started = time.perf_counter()
-    again = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "two")
+    again = prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "two")
     assert again["skipped"] and again["version"] == two["version"]
     assert _index_bytes(again) == _index_bytes(two)
     print(f"skipped re-run: {time.perf_counter() - started:.2f} s")
@@ -53,14 +61,14 @@ def test_the_same_error_whatever_the_worker_count(tmp_path):
     messages = set()
     for workers in (1, 2):
         with pytest.raises(DataError) as raised:
-            prep.prepare(cfg(tmp_path / "bad.parquet", workers=workers), name="t", out_root=tmp_path / "out")
+            prepare(cfg(tmp_path / "bad.parquet", workers=workers), name="t", out_root=tmp_path / "out")
         messages.add(str(raised.value))
     assert len(messages) == 1 and "row 599" in messages.pop()
 
 
 def test_quarantine_keeps_bad_rows_beside_the_dataset_and_counts_them(tmp_path):
     write_parquet(tmp_path / "in.parquet", eight_bad_rows())
-    manifest = prep.prepare(
+    manifest = prepare(
         cfg(tmp_path / "in.parquet", on_bad_rows="quarantine", max_bad_fraction=0.05, label_classes=["cat", "dog"], workers=2),
         name="t", out_root=tmp_path / "out")
     assert manifest["bad_rows"] == {"count": 8, "read": 600, "fraction": round(8 / 600, 6), "policy": "quarantine",
@@ -75,11 +83,12 @@ def test_quarantine_keeps_bad_rows_beside_the_dataset_and_counts_them(tmp_path):
 
 _KILL_SCRIPT = """
 import sys
-from pipeline.data import convert, prep
+from pipeline.data.prepare import convert
+from pipeline.data.prepare.version import prepare
 from tests.datafiles import cfg
 if __name__ == "__main__":
     convert.WORKER_START_S = 0.0  # a pool even for this small job
-    prep.prepare(cfg(sys.argv[1], workers=2, unit_bytes=1, batch_rows=2_000), name="t", out_root=sys.argv[2])
+    prepare(cfg(sys.argv[1], workers=2, unit_bytes=1, batch_rows=2_000), name="t", out_root=sys.argv[2])
 """
 
 
@@ -103,7 +112,7 @@ def test_a_kill_mid_write_publishes_nothing_and_a_rerun_publishes_a_good_version
 
     # The worker processes and their forkserver (their command lines name this test's folder) end too.
     assert wait_until_gone(str(tmp_path)) == [], "workers of the killed preparation are still running"
-    manifest = prep.prepare(cfg(tmp_path / "in.parquet", unit_bytes=1), name="t", out_root=out)
+    manifest = prepare(cfg(tmp_path / "in.parquet", unit_bytes=1), name="t", out_root=out)
     assert sum(manifest["splits"].values()) == 300_000
     assert published(out) == [dataset_dir(manifest) / "manifest.json"]
     assert [p.name for p in (out / "t").iterdir()] == [manifest["version"]]  # stale temporaries removed

@@ -20,15 +20,15 @@ import psutil
 import pytest
 
 from pipeline import stages
-from tests.streaming_shm import paths_in_use, registration_lock_path
-from tests.jobs import run_torchrun
 from pipeline.job.ray.cluster import LocalCluster
 from pipeline.job.spec import JobSpec, launch_config
 from pipeline.job.supervisor import Job
 from pipeline.recipes import tabular_mlp
 from tests.faults import sigkill_rank, when_checkpoint
+from tests.jobs import run_torchrun
 from tests.netns import NetworkNamespace
 from tests.ray_cluster import WorkerNode, ray_processes, wait_for_nodes
+from tests.streaming_shm import paths_in_use, registration_lock_path
 
 pytestmark = [pytest.mark.distributed, pytest.mark.ray]
 

@@ -36,8 +36,8 @@ def _tiny_package(tmp_path):
 
     from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
     from pipeline.recipes.tabular_mlp.train import SERVING
-    from pipeline.train.export import export_network
     from pipeline.registry.package import ModelPackage
+    from pipeline.train.export import export_network
 
     spec = ModelSpec(num_numeric=2, cardinalities=[3], num_classes=2, hidden_sizes=[4], dropout=0.0)
     network = export_network(TabularMLP(spec), (torch.zeros(2, 2), torch.zeros(2, 1, dtype=torch.int64)),

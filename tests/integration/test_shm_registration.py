@@ -53,7 +53,7 @@ RANK = textwrap.dedent(
 
     import torch.distributed as dist
 
-    from pipeline.data import shm
+    from tests import streaming_shm as shm
 
     out, lock_path = Path(sys.argv[1]), Path(sys.argv[2])
     dist.init_process_group("gloo")

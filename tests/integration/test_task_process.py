@@ -12,7 +12,6 @@ import pytest
 from pipeline import deployment
 from pipeline.airflow import preload
 
-
 WORKER = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)

@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import stages
-from pipeline.recipes import tabular_mlp
 from pipeline.job_files import read_heartbeats
+from pipeline.recipes import tabular_mlp
 from tests.netns import NetworkNamespace
 
 pytestmark = pytest.mark.distributed

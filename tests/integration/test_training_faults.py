@@ -12,9 +12,9 @@ import pytest
 
 from pipeline import stages
 from pipeline.errors import TrainingFailed, TrainingStalled
-from tests.jobs import run_torchrun
 from pipeline.recipes import tabular_mlp
 from tests.faults import sigkill_rank, when_checkpoint
+from tests.jobs import run_torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.train.checkpoint import MARKER, STATE_FILE, CheckpointStore, capture_rng, restore_rng
+from pipeline.train.checkpoint import (
+    MARKER,
+    STATE_FILE,
+    CheckpointStore,
+    capture_rng,
+    restore_rng,
+)
 from pipeline.train.throughput import Throughput
 
 

@@ -2,8 +2,8 @@
 
 from airflow.sdk import Connection
 
-from pipeline.job.local.place import torchrun_command
 from pipeline.airflow.connections import mlflow_env_from_connection
+from pipeline.job.local.place import torchrun_command
 
 
 def test_connection_becomes_mlflow_environment_without_credentials_in_the_uri():
@@ -35,8 +35,8 @@ def test_a_failing_connection_lookup_is_a_retryable_fault_not_a_silent_fallback(
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from pipeline.errors import InfraError
     from pipeline.airflow.connections import mlflow_connection as _mlflow_connection
+    from pipeline.errors import InfraError
 
     def unreachable(conn_id):
         raise ConnectionError("api-server at 127.0.0.1:8080 refused the connection")

@@ -8,9 +8,10 @@ import shutil
 
 import pytest
 
-from pipeline.data import integrity, prep, windows
-from pipeline.data.reading import TrainingData
-from pipeline.data.republish import republish
+from pipeline.data.prepare.republish import republish
+from pipeline.data.prepare.version import prepare
+from pipeline.data.read.training_data import TrainingData
+from pipeline.data.versions import integrity, windows
 from pipeline.errors import DataError, UserError
 from tests.datafiles import cfg, dataset_dir, table, write_parquet
 
@@ -27,7 +28,7 @@ def _flip(path, count: int = 64) -> None:
 @pytest.fixture
 def version(tmp_path):
     write_parquet(tmp_path / "in" / "rows.parquet", table(1200))
-    return prep.prepare(cfg(tmp_path / "in" / "rows.parquet"), name="t", out_root=tmp_path / "out")
+    return prepare(cfg(tmp_path / "in" / "rows.parquet"), name="t", out_root=tmp_path / "out")
 
 
 def _first_shard(manifest, split="train"):
@@ -37,12 +38,12 @@ def _first_shard(manifest, split="train"):
 
 def test_an_intact_version_is_reused_and_a_damaged_one_is_published_again_beside_the_moved_copy(version, tmp_path):
     config = cfg(tmp_path / "in" / "rows.parquet")
-    assert prep.prepare(config, name="t", out_root=tmp_path / "out")["skipped"]
+    assert prepare(config, name="t", out_root=tmp_path / "out")["skipped"]
 
     entry, shard = _first_shard(version)
     good = shard.read_bytes()
     _flip(shard)
-    again = prep.prepare(config, name="t", out_root=tmp_path / "out")
+    again = prepare(config, name="t", out_root=tmp_path / "out")
     assert not again["skipped"] and again["version"] == version["version"]
     assert shard.read_bytes() == good and integrity.check_version(dataset_dir(again), again) == []
     (aside,) = (tmp_path / "out" / "t").glob(f".damaged-{version['version']}-*")
@@ -72,7 +73,7 @@ def test_check_version_names_each_kind_of_damage(version, damage):
 def test_a_damaged_manifest_is_moved_aside_and_the_version_published_again(version, tmp_path):
     manifest_path = dataset_dir(version) / "manifest.json"
     manifest_path.write_text(manifest_path.read_text()[:-40])
-    again = prep.prepare(cfg(tmp_path / "in" / "rows.parquet"), name="t", out_root=tmp_path / "out")
+    again = prepare(cfg(tmp_path / "in" / "rows.parquet"), name="t", out_root=tmp_path / "out")
     assert not again["skipped"] and json.loads(manifest_path.read_text())["version"] == version["version"]
     assert len(list((tmp_path / "out" / "t").glob(".damaged-*"))) == 1
 
@@ -81,7 +82,7 @@ def _assert_names_everything(message: str, manifest, entry) -> None:
     assert f"dataset t version {manifest['version']} at {dataset_dir(manifest)} is damaged" in message
     assert f"split train, file {entry['basename']}: xxh3_128 " in message
     assert f"the manifest says xxh3_128 {entry['xxh3_128']}" in message
-    assert f"python -m pipeline.data.republish {dataset_dir(manifest)}" in message
+    assert f"python -m pipeline.data.prepare.republish {dataset_dir(manifest)}" in message
 
 
 def test_a_rank_fails_before_decoding_a_damaged_shard(version, tmp_path):
@@ -130,7 +131,7 @@ def test_a_windows_damaged_version_is_published_again_before_it_is_read(tmp_path
     from pipeline.data import demo
 
     demo.write_partitions(tmp_path / "raw", ["2026-11-01", "2026-11-02"], 300, seed=1)
-    days = [prep.prepare(cfg(tmp_path / "raw"), name="d", out_root=tmp_path / "out", interval=(start, end))
+    days = [prepare(cfg(tmp_path / "raw"), name="d", out_root=tmp_path / "out", interval=(start, end))
             for start, end in (("2026-11-01", "2026-11-02"), ("2026-11-02", "2026-11-03"))]
     entry, shard = _first_shard(days[0])
     good = shard.read_bytes()

@@ -14,7 +14,14 @@ import pytest
 
 from pipeline.data.demo import write_idx
 from tests.bounded import run_prepare
-from tests.datafiles import png_bad_filter, png_bomb, published, table, write_image_folder, write_parquet
+from tests.datafiles import (
+    png_bad_filter,
+    png_bomb,
+    published,
+    table,
+    write_image_folder,
+    write_parquet,
+)
 
 MEMORY_LIMIT_BYTES = 256 << 20  # a 200 MB line or a 30000 x 30000 image held whole would pass it
 

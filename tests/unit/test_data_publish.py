@@ -9,17 +9,27 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.data import convert, prep, sources, windows
-from pipeline.data.reading import TrainingData
+from pipeline.data.prepare import convert, sources
+from pipeline.data.prepare.version import prepare
+from pipeline.data.read.training_data import TrainingData
+from pipeline.data.versions import windows
+from pipeline.data.versions.manifest import read_preprocessing
 from pipeline.errors import DataError
-from tests.datafiles import cfg, dataset_dir, read_rows, streaming_dataset, table, write_parquet
+from tests.datafiles import (
+    cfg,
+    dataset_dir,
+    read_rows,
+    streaming_dataset,
+    table,
+    write_parquet,
+)
 
 
 def test_the_shard_and_index_digests_in_the_manifest_match_the_files(tmp_path):
     import xxhash
 
     write_parquet(tmp_path / "in.parquet", table(1000))
-    manifest = prep.prepare(cfg(tmp_path / "in.parquet", unit_bytes=6_000), name="t", out_root=tmp_path / "out")
+    manifest = prepare(cfg(tmp_path / "in.parquet", unit_bytes=6_000), name="t", out_root=tmp_path / "out")
     for split, shards in manifest["shards"].items():
         for entry in [*shards, manifest["indexes"][split]]:
             data = (dataset_dir(manifest) / split / entry["basename"]).read_bytes()
@@ -46,19 +56,19 @@ def test_a_small_job_runs_in_the_preparing_process_alone(tmp_path, monkeypatch):
 
     monkeypatch.setattr(convert, "ProcessPoolExecutor", no_pool)
     write_parquet(tmp_path / "in.parquet", table(3000), row_group_size=100)
-    manifest = prep.prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "out")
+    manifest = prepare(cfg(tmp_path / "in.parquet", workers=2, unit_bytes=8_000), name="t", out_root=tmp_path / "out")
     assert manifest["units"] >= 4 and manifest["workers"] == 1
 
 
 def test_splits_stay_put_when_rows_are_appended(tmp_path):
     first = table(500).append_column("id", pa.array(np.arange(500)))
     write_parquet(tmp_path / "in" / "a.parquet", first)
-    before = prep.prepare(cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
+    before = prepare(cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
     more = table(800, seed=5).append_column("id", pa.array(np.arange(800)))
     appended = pa.concat_tables([first, more.slice(500)])  # the same first 500 rows, then 300 more
     write_parquet(tmp_path / "in" / "a.parquet", appended)
     write_parquet(tmp_path / "in" / "0-new.parquet", table(200, seed=9).append_column("id", pa.array(np.arange(200) + 10_000)))
-    after = prep.prepare(cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
+    after = prepare(cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
     assert after["version"] != before["version"]
 
     def split_of(manifest, cache):
@@ -83,10 +93,10 @@ def test_a_backfill_of_three_intervals_reads_as_one_window(tmp_path):
     manifests = []
     for i, day in enumerate(days):
         end = days[i + 1] if i + 1 < len(days) else "2026-11-30"
-        manifests.append(prep.prepare(cfg(tmp_path / "in"), name="daily", out_root=tmp_path / "out",
+        manifests.append(prepare(cfg(tmp_path / "in"), name="daily", out_root=tmp_path / "out",
                                       interval=(f"{day}T00:00:00+00:00", f"{end}T00:00:00+00:00")))
     assert len({m["version"] for m in manifests}) == 3
-    assert [prep.read_preprocessing(dataset_dir(m))["vocab"]["color"] for m in manifests] == [
+    assert [read_preprocessing(dataset_dir(m))["vocab"]["color"] for m in manifests] == [
         ["<unk>", "red"], ["<unk>", "green", "red"], ["<unk>", "green", "violet"]]
 
     window = windows.resolve(tmp_path / "out", "daily", "2026-11-30T00:00:00+00:00", 3)
@@ -117,8 +127,8 @@ def test_a_backfill_of_three_intervals_reads_as_one_window(tmp_path):
 def test_versions_of_different_schemas_do_not_mix(tmp_path):
     write_parquet(tmp_path / "x.parquet", table(300))
     write_parquet(tmp_path / "y.parquet", table(300).drop_columns(["b"]))
-    x = prep.prepare(cfg(tmp_path / "x.parquet"), name="x", out_root=tmp_path / "out")
-    y = prep.prepare(cfg(tmp_path / "y.parquet"), name="y", out_root=tmp_path / "out")
+    x = prepare(cfg(tmp_path / "x.parquet"), name="x", out_root=tmp_path / "out")
+    y = prepare(cfg(tmp_path / "y.parquet"), name="y", out_root=tmp_path / "out")
     with pytest.raises(DataError, match="a window reads versions of one schema"):
         TrainingData.open([x["uri"], y["uri"]], tmp_path / "cache")
 
@@ -129,15 +139,16 @@ def test_a_triggered_run_waits_for_the_days_written_beside_the_one_that_triggere
     import shutil
     import threading
 
-    from pipeline.data import demo, publish
+    from pipeline.data import demo
+    from pipeline.data.prepare import publish
 
     demo.write_partitions(tmp_path / "raw", ["2026-11-28", "2026-11-29"], 300, seed=4)
     out = tmp_path / "out"
-    first = prep.prepare(cfg(tmp_path / "raw"), name="daily", out_root=out, interval=("2026-11-28", "2026-11-29"))
+    first = prepare(cfg(tmp_path / "raw"), name="daily", out_root=out, interval=("2026-11-28", "2026-11-29"))
     writing = publish.temporary_folder(out / "daily" / "next")  # the second day's writer, at work in this process
 
     def finish_the_second_day():
-        prep.prepare(cfg(tmp_path / "raw"), name="daily", out_root=out, interval=("2026-11-29", "2026-11-30"))
+        prepare(cfg(tmp_path / "raw"), name="daily", out_root=out, interval=("2026-11-29", "2026-11-30"))
         shutil.rmtree(writing)
 
     event = type("Event", (), {"extra": windows.asset_extra(windows.summary({**first, "skipped": False}, 0.0))})

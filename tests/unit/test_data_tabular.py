@@ -7,8 +7,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.data import local_path, prep, splits
-from pipeline.data.reading import TrainingData
+from pipeline.data import local_path
+from pipeline.data.prepare import splits
+from pipeline.data.prepare.version import prepare
+from pipeline.data.read.training_data import TrainingData
+from pipeline.data.versions.manifest import read_preprocessing
 from pipeline.errors import DataError
 from tests.datafiles import table as make_table
 
@@ -20,7 +23,7 @@ def _cfg(path: Path, **overrides) -> DataConfig:
 def test_parquet_to_mds_round_trip(tmp_path):
     table = make_table()
     pq.write_table(table, tmp_path / "in.parquet", row_group_size=100)
-    manifest = prep.prepare(_cfg(tmp_path / "in.parquet", batch_rows=128), name="t", out_root=tmp_path / "out")
+    manifest = prepare(_cfg(tmp_path / "in.parquet", batch_rows=128), name="t", out_root=tmp_path / "out")
     dataset_dir = local_path(manifest["uri"])
 
     assert manifest["splits"]["train"] + manifest["splits"]["val"] + manifest["splits"]["test"] == 600
@@ -49,9 +52,9 @@ def test_parquet_to_mds_round_trip(tmp_path):
 
 def test_statistics_come_from_the_training_split(tmp_path):
     pq.write_table(make_table(), tmp_path / "in.parquet")
-    manifest = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    manifest = prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     dataset_dir = local_path(manifest["uri"])
-    preprocessing = prep.read_preprocessing(dataset_dir)
+    preprocessing = read_preprocessing(dataset_dir)
     train, _ = TrainingData.open([manifest["uri"]], tmp_path / "cache").frame("train")
     assert preprocessing["mean"][0] == pytest.approx(train["a"].mean(), abs=1e-5)
     assert preprocessing["vocab"]["color"] == ["<unk>", "blue", "green", "red"]
@@ -59,13 +62,13 @@ def test_statistics_come_from_the_training_split(tmp_path):
 
 def test_same_inputs_give_the_same_version_and_skip_the_work(tmp_path):
     pq.write_table(make_table(), tmp_path / "in.parquet")
-    first = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    first = prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     index = (local_path(first["uri"]) / "train" / "index.json").read_bytes()
-    second = prep.prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    second = prepare(_cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     assert (first["skipped"], second["skipped"]) == (False, True)
     assert second["version"] == first["version"]
     assert (local_path(second["uri"]) / "train" / "index.json").read_bytes() == index
-    changed = prep.prepare(_cfg(tmp_path / "in.parquet", split_seed=1), name="t", out_root=tmp_path / "out")
+    changed = prepare(_cfg(tmp_path / "in.parquet", split_seed=1), name="t", out_root=tmp_path / "out")
     assert changed["version"] != first["version"]
     assert not [p for p in (tmp_path / "out" / "t").iterdir() if p.name.startswith(".tmp")]
 
@@ -86,7 +89,7 @@ def test_a_key_column_assigns_splits_by_key_not_position(tmp_path):
     pq.write_table(reversed_table, tmp_path / "b.parquet")
 
     def test_ids(name):
-        m = prep.prepare(_cfg(tmp_path / name, key_column="id"), name=name, out_root=tmp_path / "out")
+        m = prepare(_cfg(tmp_path / name, key_column="id"), name=name, out_root=tmp_path / "out")
         assert "id" not in m["schema"]["numeric_columns"] + m["schema"]["categorical_columns"]
         frame, _ = TrainingData.open([m["uri"]], tmp_path / f"c-{name}").frame("test")
         return sorted(zip(frame["a"].round(6), frame["b"]))
@@ -110,7 +113,7 @@ def test_a_key_column_assigns_splits_by_key_not_position(tmp_path):
 def test_bad_input_is_refused_with_a_clear_error_and_nothing_published(tmp_path, make, expected):
     path = make(tmp_path)
     with pytest.raises(DataError) as err:
-        prep.prepare(_cfg(path), name="t", out_root=tmp_path / "out")
+        prepare(_cfg(path), name="t", out_root=tmp_path / "out")
     assert expected in str(err.value)
     published = list((tmp_path / "out" / "t").iterdir()) if (tmp_path / "out" / "t").exists() else []
     assert published == []
@@ -127,7 +130,7 @@ def test_a_folder_of_parquet_files_is_one_input(tmp_path):
     (tmp_path / "in").mkdir()
     pq.write_table(table.slice(0, 250), tmp_path / "in" / "part-0.parquet")
     pq.write_table(table.slice(250), tmp_path / "in" / "part-1.parquet")
-    manifest = prep.prepare(_cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
+    manifest = prepare(_cfg(tmp_path / "in"), name="t", out_root=tmp_path / "out")
     assert sum(manifest["splits"].values()) == 400
     assert [Path(s["path"]).name for s in manifest["sources"]] == ["part-0.parquet", "part-1.parquet"]
     assert json.loads((local_path(manifest["uri"]) / "manifest.json").read_text())["version"] == manifest["version"]

@@ -10,10 +10,19 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data import prep
 from pipeline.data.demo import write_idx
+from pipeline.data.prepare.version import prepare
+from pipeline.data.versions.manifest import read_preprocessing
 from pipeline.errors import ConfigError, DataError, UserError
-from tests.datafiles import cfg, dataset_dir, eight_bad_rows, published, table, write_image_folder, write_parquet
+from tests.datafiles import (
+    cfg,
+    dataset_dir,
+    eight_bad_rows,
+    published,
+    table,
+    write_image_folder,
+    write_parquet,
+)
 
 
 def _parquet(t: pa.Table):
@@ -157,7 +166,7 @@ CORPUS = [
 def test_bad_input_fails_with_a_clear_error_and_nothing_is_published(tmp_path, make, overrides, error, expected):
     path = make(tmp_path)
     with pytest.raises(error) as raised:
-        prep.prepare(cfg(path, **overrides), name="t", out_root=tmp_path / "out")
+        prepare(cfg(path, **overrides), name="t", out_root=tmp_path / "out")
     assert isinstance(raised.value, UserError)  # fails the task at once, no retry
     assert expected in str(raised.value)
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").rglob("*")) in ([], [tmp_path / "out" / "t"])
@@ -169,32 +178,32 @@ def test_a_number_column_stored_as_text_fails_until_it_is_declared(tmp_path, fmt
     path = tmp_path / f"in.{fmt}"
     write_parquet(path, t) if fmt == "parquet" else pcsv.write_csv(t, path)
     with pytest.raises(DataError) as raised:
-        prep.prepare(cfg(path), name="t", out_root=tmp_path / "out")
+        prepare(cfg(path), name="t", out_root=tmp_path / "out")
     message = str(raised.value)
     assert message.startswith(f"{path}: row 150, column 'a': value '-'; expected a number")
     assert "data.column_encodings ['a:float64']" in message and "data.categorical_columns ['a']" in message
     assert published(tmp_path / "out") == []
 
     # Declared numeric: the stray value is one bad row, quarantined here.
-    numeric = prep.prepare(cfg(path, column_encodings=["a:float64"], on_bad_rows="quarantine"), name="n",
+    numeric = prepare(cfg(path, column_encodings=["a:float64"], on_bad_rows="quarantine"), name="n",
                            out_root=tmp_path / "out")
     assert numeric["schema"]["numeric_columns"] == ["a", "b"] and numeric["bad_rows"]["count"] == 1
     (row,) = pq.read_table(dataset_dir(numeric) / "quarantine.parquet").to_pylist()
     assert row["a"] == "-" and row["_source"].endswith("row 150")
     # Declared categorical: accepted as text, a category per value.
-    categorical = prep.prepare(cfg(path, categorical_columns=["a"]), name="c", out_root=tmp_path / "out")
+    categorical = prepare(cfg(path, categorical_columns=["a"]), name="c", out_root=tmp_path / "out")
     assert categorical["schema"]["categorical_columns"] == ["a", "color"]
-    assert len(prep.read_preprocessing(dataset_dir(categorical))["vocab"]["a"]) > 100
+    assert len(read_preprocessing(dataset_dir(categorical))["vocab"]["a"]) > 100
 
 
 def test_a_text_column_with_a_value_per_row_fails_unless_declared(tmp_path):
     write_parquet(tmp_path / "in.parquet", _identifiers())
     with pytest.raises(DataError, match=r"'u-00000' is one of 600 distinct values.*data.categorical_columns \['user'\]"
                                         r"; or, if it identifies rows, name it data.key_column"):
-        prep.prepare(cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
-    as_key = prep.prepare(cfg(tmp_path / "in.parquet", key_column="user"), name="k", out_root=tmp_path / "out")
+        prepare(cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    as_key = prepare(cfg(tmp_path / "in.parquet", key_column="user"), name="k", out_root=tmp_path / "out")
     assert as_key["schema"]["categorical_columns"] == ["color"]
-    declared = prep.prepare(cfg(tmp_path / "in.parquet", categorical_columns=["user"]), name="c", out_root=tmp_path / "out")
+    declared = prepare(cfg(tmp_path / "in.parquet", categorical_columns=["user"]), name="c", out_root=tmp_path / "out")
     assert declared["schema"]["categorical_columns"] == ["color", "user"]
 
 
@@ -202,14 +211,14 @@ def test_text_categories_that_repeat_are_categorical(tmp_path):
     # 300 categories over 600 rows: half as many as rows, well below a value per row.
     t = table().append_column("city", pa.array([f"city-{i % 300}" for i in range(600)]))
     write_parquet(tmp_path / "in.parquet", t)
-    manifest = prep.prepare(cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
+    manifest = prepare(cfg(tmp_path / "in.parquet"), name="t", out_root=tmp_path / "out")
     assert manifest["schema"]["categorical_columns"] == ["color", "city"]
 
 
 def test_quarantine_fails_the_run_above_the_bad_fraction(tmp_path):
     write_parquet(tmp_path / "in.parquet", eight_bad_rows())
     with pytest.raises(DataError, match=r"8 of 600 rows \(1.33%\) are bad, more than data.max_bad_fraction=0.01"):
-        prep.prepare(cfg(tmp_path / "in.parquet", on_bad_rows="quarantine", max_bad_fraction=0.01,
+        prepare(cfg(tmp_path / "in.parquet", on_bad_rows="quarantine", max_bad_fraction=0.01,
                          label_classes=["cat", "dog"]), name="t", out_root=tmp_path / "out")
     assert published(tmp_path / "out") == []
     assert list((tmp_path / "out" / "t").iterdir()) == []
@@ -217,7 +226,7 @@ def test_quarantine_fails_the_run_above_the_bad_fraction(tmp_path):
 
 def test_quarantine_of_an_undecodable_image(tmp_path):
     path = _corrupt_image(tmp_path)
-    manifest = prep.prepare(cfg(path, on_bad_rows="quarantine", max_bad_fraction=0.05), name="t", out_root=tmp_path / "out")
+    manifest = prepare(cfg(path, on_bad_rows="quarantine", max_bad_fraction=0.05), name="t", out_root=tmp_path / "out")
     assert manifest["bad_rows"]["count"] == 1 and sum(manifest["splits"].values()) == 59
     (row,) = pq.read_table(dataset_dir(manifest) / "quarantine.parquet").to_pylist()
     assert row["_source"].endswith("shirt/007.png") and row["label"] == "shirt" and len(row["image"]) == 48
@@ -225,7 +234,7 @@ def test_quarantine_of_an_undecodable_image(tmp_path):
 
 def test_quarantine_of_text_in_a_csv_number(tmp_path):
     path = _csv_with_text_in_a_number(tmp_path)
-    manifest = prep.prepare(cfg(path, on_bad_rows="quarantine", column_encodings=["a:float64"]), name="t",
+    manifest = prepare(cfg(path, on_bad_rows="quarantine", column_encodings=["a:float64"]), name="t",
                             out_root=tmp_path / "out")
     assert manifest["bad_rows"]["count"] == 1 and sum(manifest["splits"].values()) == 299
     (row,) = pq.read_table(dataset_dir(manifest) / "quarantine.parquet").to_pylist()

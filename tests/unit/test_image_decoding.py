@@ -10,10 +10,18 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.data import images, integrity, prep
-from pipeline.data.reading import TrainingData
+from pipeline.data import images
+from pipeline.data.prepare.version import prepare
+from pipeline.data.read.training_data import TrainingData
+from pipeline.data.versions import integrity
 from pipeline.errors import DataError
-from tests.datafiles import cfg, dataset_dir, png_bad_filter, png_bomb, write_image_folder
+from tests.datafiles import (
+    cfg,
+    dataset_dir,
+    png_bad_filter,
+    png_bomb,
+    write_image_folder,
+)
 
 
 @pytest.mark.parametrize("blob, expected", [
@@ -45,7 +53,7 @@ def damaged_record(tmp_path):
     made to match, and the split index's: damage that digests cannot see (a broken writer, a bad disk before
     publication)."""
     write_image_folder(tmp_path / "img", {"boot": 30, "shirt": 30})
-    manifest = prep.prepare(cfg(tmp_path / "img", compression="none"), name="t", out_root=tmp_path / "out")
+    manifest = prepare(cfg(tmp_path / "img", compression="none"), name="t", out_root=tmp_path / "out")
     entry = manifest["shards"]["train"][0]
     shard = dataset_dir(manifest) / "train" / entry["basename"]
     data = bytearray(shard.read_bytes())

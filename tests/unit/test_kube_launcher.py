@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.airflow.connections import AirflowClusters
+from pipeline.airflow.trigger import AttemptTrigger
 from pipeline.errors import NotStarted as PodsNotRunning
 from pipeline.errors import RankUserError, TrainingFailed
 from pipeline.job.kubernetes import place as kube
-from pipeline.airflow.connections import AirflowClusters
-from pipeline.airflow.trigger import AttemptTrigger
 from pipeline.job.spec import Attempt, JobSpec, launch_config
 from pipeline.job.supervisor import Job as _Job
 from tests import kube_standin

@@ -10,12 +10,10 @@ import pytest
 from kubernetes import client as k8s
 
 from pipeline.errors import ConfigError
-from pipeline.job.kubernetes.place import manifests_for
 from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, deserialize, serialize
+from pipeline.job.kubernetes.place import manifests_for
+from pipeline.job.spec import Attempt, JobSpec, attempt_id, launch_config
 from tests.kube_standin import rendered_pod
-from pipeline.job.spec import attempt_id
-from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.spec import Attempt
 
 JOB_DIR = "/mnt/pipeline/runs/ddp/manual__2026-11-30T12_00_00_00_00/train"
 AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.data.transform import RowError
+from pipeline.data.prepare.transform import RowError
 from pipeline.errors import ConfigError, DataError
 from pipeline.recipes.llm_sft.tokenize import IGNORE_INDEX, Tokenize, pack
 
@@ -113,7 +113,7 @@ def test_bad_rows_and_columns_are_named(tokenizer_dir):
 
 
 def _prepare(tmp_path, tokenizer_dir, rows, **overrides):
-    from pipeline.data.prep import prepare
+    from pipeline.data.prepare.version import prepare
     from pipeline.recipes import get_recipe
 
     data = tmp_path / "in.jsonl"

@@ -16,7 +16,7 @@ from pipeline.train.throughput import Throughput
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """A stand-in for TrainingData: the tokenizer folder and the schema's sequence length are all the model needs."""
-    from pipeline.data.transform import FOLDER
+    from pipeline.data.prepare.transform import FOLDER
     from pipeline.recipes.llm_sft.demo import train_tokenizer
     from pipeline.recipes.llm_sft.tokenize import TOKENIZER
 
@@ -58,7 +58,7 @@ def test_lora_trains_adapters_only_and_a_wrong_module_name_is_refused(data):
 
 
 def test_a_pretrained_path_must_be_a_local_checkpoint_and_one_loads(data, tmp_path):
-    from pipeline.data.transform import FOLDER
+    from pipeline.data.prepare.transform import FOLDER
     from pipeline.recipes.llm_sft.demo import write_tiny_checkpoint
     from pipeline.recipes.llm_sft.tokenize import TOKENIZER
 

@@ -7,12 +7,22 @@ import io
 import numpy as np
 import pytest
 
-from pipeline.data import prep
 from pipeline.data.demo import write_idx
-from pipeline.data.reading import TrainingData
-from pipeline.data.shards import _images, decode_columns
-from tests.datafiles import (as_columns, assert_same_batches, both_paths, cfg, check_mid_epoch_resume, numbered_rows,
-                             streaming_dataset, table, write_image_folder, write_parquet)
+from pipeline.data.prepare.version import prepare
+from pipeline.data.read.shards import _images, decode_columns
+from pipeline.data.read.training_data import TrainingData
+from tests.datafiles import (
+    as_columns,
+    assert_same_batches,
+    both_paths,
+    cfg,
+    check_mid_epoch_resume,
+    numbered_rows,
+    streaming_dataset,
+    table,
+    write_image_folder,
+    write_parquet,
+)
 from tests.services import wait_for
 
 
@@ -35,7 +45,7 @@ def test_rows_come_in_the_batches_of_the_per_sample_path(tabular, tmp_path, shuf
 def test_a_window_of_versions_reads_as_the_per_sample_path_does(tmp_path):
     for i, day in enumerate(["2026-11-28", "2026-11-29"]):
         write_parquet(tmp_path / "in" / f"dt={day}" / "part-0.parquet", table(300, seed=i))
-    uris = [prep.prepare(cfg(tmp_path / "in"), name="daily", out_root=tmp_path / "out",
+    uris = [prepare(cfg(tmp_path / "in"), name="daily", out_root=tmp_path / "out",
                          interval=(f"{day}T00:00:00+00:00", f"{day}T23:59:59+00:00"))["uri"]
             for day in ["2026-11-28", "2026-11-29"]]
     data = TrainingData.open(uris, tmp_path / "cache")
@@ -48,7 +58,7 @@ def test_array_images_come_as_one_uint8_array(tmp_path):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (400, 28, 28), dtype=np.uint8)
     write_idx(tmp_path / "idx", "train", images, rng.integers(0, 10, 400))
-    manifest = prep.prepare(cfg(tmp_path / "idx", unit_bytes=64 * 785, shard_size_limit_bytes=1 << 14),
+    manifest = prepare(cfg(tmp_path / "idx", unit_bytes=64 * 785, shard_size_limit_bytes=1 << 14),
                             name="idx", out_root=tmp_path / "out")
     data = TrainingData.open([manifest["uri"]], tmp_path / "cache")
     fast, slow = both_paths(data, tmp_path, batch_size=20, shuffle=True, seed=0)
@@ -63,7 +73,7 @@ def test_array_images_come_as_one_uint8_array(tmp_path):
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
 def test_encoded_images_decode_as_pil_does(tmp_path, fmt):
     write_image_folder(tmp_path / "in", {"boot": 40, "shirt": 35}, fmt=fmt)
-    manifest = prep.prepare(cfg(tmp_path / "in"), name="img", out_root=tmp_path / "out")
+    manifest = prepare(cfg(tmp_path / "in"), name="img", out_root=tmp_path / "out")
     data = TrainingData.open([manifest["uri"]], tmp_path / "cache")
     fast, slow = both_paths(data, tmp_path, batch_size=16, shuffle=True, seed=0)
     assert_same_batches(fast, slow)
@@ -118,7 +128,7 @@ def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_pa
 def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order():
     import threading
 
-    from pipeline.data.loader import ReadAhead
+    from pipeline.data.read.loader import ReadAhead
 
     asked = [0]  # the consumer's next() calls begun
     pulled: list[tuple[int, int, str]] = []  # (item, next() calls begun when the source gave it, thread)
@@ -142,7 +152,7 @@ def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order(
 
 
 def test_read_ahead_raises_the_sources_error_at_its_item():
-    from pipeline.data.loader import ReadAhead
+    from pipeline.data.read.loader import ReadAhead
 
     def source():
         yield from range(3)
@@ -158,7 +168,7 @@ def test_read_ahead_raises_the_sources_error_at_its_item():
 def test_a_dropped_read_ahead_stops_and_closes_its_source_on_its_thread():
     import threading
 
-    from pipeline.data.loader import ReadAhead
+    from pipeline.data.read.loader import ReadAhead
 
     closed: list[str] = []
 

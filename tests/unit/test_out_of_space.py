@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from pipeline.data import prep
+from pipeline.data.prepare.version import prepare
 from pipeline.diskspace import free_bytes, write_atomically
 from pipeline.errors import OutOfSpace, UserError
 from pipeline.job_files import reported_user_error, user_errors_reported
@@ -103,7 +103,7 @@ def test_a_read_only_file_system_is_out_of_space_too_injected(tmp_path, monkeypa
 
 def _prepare_bigger_than(root, tmp_path):
     write_parquet(tmp_path / "in.parquet", table(60_000), row_group_size=20_000)
-    return prep.prepare(cfg(tmp_path / "in.parquet", shard_size_limit_bytes=1 << 20, unit_bytes=1 << 30,
+    return prepare(cfg(tmp_path / "in.parquet", shard_size_limit_bytes=1 << 20, unit_bytes=1 << 30,
                             compression="none"), name="t", out_root=root)
 
 

@@ -12,8 +12,7 @@ import shlex
 import pytest
 
 from pipeline.job.ray.place import JobLog, job_request, run_name
-from pipeline.job.spec import JobSpec, launch_config
-from pipeline.job.spec import Attempt
+from pipeline.job.spec import Attempt, JobSpec, launch_config
 
 
 def _spec(run_id: str = "scheduled__2026-12-01", try_number: int = 1, **env) -> JobSpec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.data.ray_reader import RayDataLoader
+from pipeline.data.read.ray_data import RayDataLoader
 
 
 class _Split:

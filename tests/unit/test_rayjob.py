@@ -18,9 +18,15 @@ from pipeline import deployment
 from pipeline.errors import ConfigError
 from pipeline.job.kubernetes.manifest import deserialize, serialize
 from pipeline.job.ray.place import job_request
-from pipeline.job.ray.rayjob import MAX_NAME, ROLE_RULES, rayjob_for, rayjob_name, runtime_env, templates
-from pipeline.job.spec import JobSpec, attempt_id, launch_config
-from pipeline.job.spec import Attempt
+from pipeline.job.ray.rayjob import (
+    MAX_NAME,
+    ROLE_RULES,
+    rayjob_for,
+    rayjob_name,
+    runtime_env,
+    templates,
+)
+from pipeline.job.spec import Attempt, JobSpec, attempt_id, launch_config
 from tests.unit.test_kube_manifest import AFFINITY, JOB_DIR, KUBERNETES
 
 ENTRY = ["-m", "pipeline.rank", "--recipe", "image_classifier", "--config", f"{JOB_DIR}/config.json"]

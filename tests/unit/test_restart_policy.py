@@ -7,8 +7,16 @@ import json
 
 import pytest
 
-from pipeline.errors import (DataError, NotStarted, RankUserError, TrainingFailed, TrainingPreempted, TrainingStalled,
-                             TrainingStopped, TrainingTimedOut)
+from pipeline.errors import (
+    DataError,
+    NotStarted,
+    RankUserError,
+    TrainingFailed,
+    TrainingPreempted,
+    TrainingStalled,
+    TrainingStopped,
+    TrainingTimedOut,
+)
 from pipeline.job.policy import Ended, Findings, decide
 from pipeline.job_files import JobFiles, mark_preempted, user_errors_reported
 

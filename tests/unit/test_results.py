@@ -7,8 +7,20 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.results import (
-    Approval, DatasetSummary, Evaluation, Gate, Interval, ModelScore, ModelSummary, PreparedData, Promotion,
-    RegisteredModel, ResultError, TrainedModel, TrainingSummary, from_xcom_as,
+    Approval,
+    DatasetSummary,
+    Evaluation,
+    Gate,
+    Interval,
+    ModelScore,
+    ModelSummary,
+    PreparedData,
+    Promotion,
+    RegisteredModel,
+    ResultError,
+    TrainedModel,
+    TrainingSummary,
+    from_xcom_as,
 )
 
 PREPARED = PreparedData(

@@ -11,7 +11,7 @@ import types
 import pytest
 from streaming.base.world import World
 
-from pipeline.data import shm
+from tests import streaming_shm as shm
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import DataConfig
-from pipeline.data import prep
-from pipeline.data.reading import TrainingData
+from pipeline.data.prepare.version import prepare
+from pipeline.data.read.training_data import TrainingData
 from pipeline.errors import ConfigError, DataError
 
 
@@ -46,7 +46,7 @@ def _split_rows(manifest, tmp_path) -> dict[str, list[tuple[str, int]]]:
 
 def test_last_per_group_holds_out_each_users_newest_rows(tmp_path):
     path = _interactions(tmp_path / "in.parquet", rows_per_user={"a": 6, "b": 4, "c": 2, "d": 9})
-    manifest = prep.prepare(_cfg(path, split_by="last_per_group", group_column="user_id", val_per_group=1,
+    manifest = prepare(_cfg(path, split_by="last_per_group", group_column="user_id", val_per_group=1,
                                  test_per_group=2), name="i", out_root=tmp_path / "out")
     rows = _split_rows(manifest, tmp_path)
     assert manifest["label_classes"] == [] and manifest["schema"]["label_kind"] == "none"
@@ -67,7 +67,7 @@ def test_time_split_puts_the_newest_rows_in_test_by_global_cut_offs(tmp_path):
 
     path = _interactions(tmp_path / "in.parquet", rows_per_user={f"u{k}": 10 for k in range(20)})
     pv.write_csv(pq.read_table(path), tmp_path / "in.csv")
-    manifest = prep.prepare(_cfg(tmp_path / "in.csv", split_by="time", val_fraction=0.1, test_fraction=0.2,
+    manifest = prepare(_cfg(tmp_path / "in.csv", split_by="time", val_fraction=0.1, test_fraction=0.2,
                                  column_encodings=["timestamp:int64"]), name="i", out_root=tmp_path / "out")
     rows = _split_rows(manifest, tmp_path)
     newest_train = max(t for _, t in rows["train"])
@@ -78,9 +78,9 @@ def test_time_split_puts_the_newest_rows_in_test_by_global_cut_offs(tmp_path):
 
 def test_a_changed_split_setting_is_another_dataset_version(tmp_path):
     path = _interactions(tmp_path / "in.parquet", rows_per_user={"a": 6, "b": 5})
-    by_group = prep.prepare(_cfg(path, split_by="last_per_group", group_column="user_id"), name="i",
+    by_group = prepare(_cfg(path, split_by="last_per_group", group_column="user_id"), name="i",
                             out_root=tmp_path / "out")
-    more = prep.prepare(_cfg(path, split_by="last_per_group", group_column="user_id", test_per_group=2), name="i",
+    more = prepare(_cfg(path, split_by="last_per_group", group_column="user_id", test_per_group=2), name="i",
                         out_root=tmp_path / "out")
     assert by_group["version"] != more["version"]
 
@@ -89,18 +89,18 @@ def test_bad_time_split_input_fails_naming_the_file_row_and_setting(tmp_path):
     rows = {"user_id": ["a", "a", "b"], "item_id": ["x", "y", "z"], "timestamp": [1.0, None, 3.0]}
     pq.write_table(pa.table(rows), tmp_path / "nulls.parquet")
     with pytest.raises(DataError, match=r"nulls.parquet.*row 1.*'timestamp'.*expected a number") as err:
-        prep.prepare(_cfg(tmp_path / "nulls.parquet", split_by="time"), name="i", out_root=tmp_path / "out")
+        prepare(_cfg(tmp_path / "nulls.parquet", split_by="time"), name="i", out_root=tmp_path / "out")
     print(err.value)
     assert not (tmp_path / "out" / "i").exists() or not any((tmp_path / "out" / "i").iterdir())
 
     pq.write_table(pa.table({"user_id": ["a", "b"], "item_id": ["x", "y"], "when": ["17", "yesterday"]}),
                    tmp_path / "text.parquet")
     with pytest.raises(DataError, match=r"text.parquet.*row 1, column 'when': time is 'yesterday'; expected a number"):
-        prep.prepare(_cfg(tmp_path / "text.parquet", split_by="time", time_column="when"), name="i",
+        prepare(_cfg(tmp_path / "text.parquet", split_by="time", time_column="when"), name="i",
                      out_root=tmp_path / "out")
     pq.write_table(pa.table({"user_id": ["a"], "item_id": ["x"], "when": [b"\x00"]}), tmp_path / "bytes.parquet")
     with pytest.raises(DataError, match="data.time_column 'when' has type binary; expected numbers"):
-        prep.prepare(_cfg(tmp_path / "bytes.parquet", split_by="time", time_column="when"), name="i",
+        prepare(_cfg(tmp_path / "bytes.parquet", split_by="time", time_column="when"), name="i",
                      out_root=tmp_path / "out")
     with pytest.raises(ConfigError, match="needs data.group_column"):
-        prep.prepare(_cfg(tmp_path / "nulls.parquet", split_by="last_per_group"), name="i", out_root=tmp_path / "out")
+        prepare(_cfg(tmp_path / "nulls.parquet", split_by="last_per_group"), name="i", out_root=tmp_path / "out")

@@ -59,7 +59,7 @@ def test_a_run_triggered_by_concurrent_daily_events_trains_on_the_window_ending_
     import random
     from types import SimpleNamespace
 
-    from pipeline.data import windows
+    from pipeline.data.versions import windows
 
     days = ["2026-11-20", "2026-11-21", "2026-11-22", "2026-11-23"]
     events = []

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.data.reading import TrainingData
+from pipeline.data.read.training_data import TrainingData
 from pipeline.errors import DataError
 from pipeline.evaluate.classification import EVALUATOR
 from pipeline.recipes.image_classifier.model import SmallResNet

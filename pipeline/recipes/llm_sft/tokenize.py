@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.transform import RowError
+from pipeline.data.prepare.transform import RowError
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluate.language_model import IGNORE_INDEX
 

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.data.reading import TrainingData
-from pipeline.data.transform import FOLDER
+from pipeline.data.read.training_data import TrainingData
+from pipeline.data.prepare.transform import FOLDER
 from pipeline.errors import ConfigError
 from pipeline.evaluate.language_model import EVALUATOR, IGNORE_INDEX, exact_match, generate, uses_chat_template
 from pipeline.recipes.llm_sft.tokenize import TOKENIZER, load_tokenizer

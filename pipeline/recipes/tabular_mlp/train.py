@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pipeline.data.reading import Encoder, TrainingData, feature_frame
+from pipeline.data.read.training_data import Encoder, TrainingData, feature_frame
 from pipeline.evaluate.classification import EVALUATOR
 from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
 from pipeline.train.export import NETWORK_FILE, export_network

@@ -20,8 +20,8 @@ import numpy as np
 import pytorch_lightning as pl  # here, not in run(): imported before the job's first heartbeat
 import torch
 
-from pipeline.data.reading import Encoder, TrainingData
-from pipeline.data.stats import UNKNOWN
+from pipeline.data.read.training_data import Encoder, TrainingData
+from pipeline.data.versions.stats import UNKNOWN
 from pipeline.errors import ConfigError
 from pipeline.evaluate.retrieval import EVALUATOR, HeldOut
 from pipeline.recipes.two_tower.model import Tower, TwoTower, in_batch_softmax_loss

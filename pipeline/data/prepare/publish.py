@@ -1,5 +1,5 @@
-"""Dataset versions: the content digest that names a version, the manifest and statistics that
-describe it, the atomic rename that publishes it, and reading them back.
+"""Publishing a dataset version: the content digest that names it, the manifest and statistics that describe
+it, and the atomic rename that publishes it (reading them back: ``pipeline.data.versions.manifest``).
 
 A version is written to ``NAME/.tmp-VERSION-HOST-PID-NONCE/`` and renamed to ``NAME/VERSION/`` after
 its ``manifest.json``, written last, marks it complete; readers only look at folders with a manifest.
@@ -21,34 +21,26 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DataConfig
-from pipeline.data import integrity, mds, splits
-from pipeline.data.stats import Stats
-from pipeline.data.types import Plan, SourceFile
-from pipeline.data.validate import BAD_EXAMPLES
+from pipeline.data.prepare import mds_writer, splits
+from pipeline.data.prepare.plan import Plan, SourceFile
+from pipeline.data.prepare.rows import BAD_EXAMPLES
+from pipeline.data.versions import integrity
+from pipeline.data.versions.manifest import (
+    MANIFEST,
+    PREPROCESSING,
+    STATS,
+    read_manifest,
+)
+from pipeline.data.versions.stats import Stats
 from pipeline.errors import DataError
 from pipeline.process_table import alive
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
-MANIFEST = "manifest.json"
-PREPROCESSING = "preprocessing.json"
-STATS = "stats.json"
 QUARANTINE = "quarantine.parquet"
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 24 * 3600  # a temporary folder this old is a dead writer's, whatever host it was on
-
-
-def read_manifest(dataset_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(dataset_dir) / MANIFEST).read_text())
-
-
-def read_preprocessing(dataset_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(dataset_dir) / PREPROCESSING).read_text())
-
-
-def read_stats(dataset_dir: Path) -> Stats:
-    return Stats.from_dict(json.loads((Path(dataset_dir) / STATS).read_text()))
 
 
 def _temporaries(parent: Path) -> list[tuple[Path, bool]]:
@@ -196,7 +188,7 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
         # The file each shard is stored as (compressed or not), with its size and digest: what readers check.
         shards[split] = [{"basename": stored["basename"], "samples": s["samples"], "bytes": stored["bytes"],
                           **stored["hashes"]}
-                         for s in mds.merge_parts(tmp / split) for stored in [s["zip_data"] or s["raw_data"]]]
+                         for s in mds_writer.merge_parts(tmp / split) for stored in [s["zip_data"] or s["raw_data"]]]
         indexes[split] = integrity.file_entry((tmp / split / integrity.INDEX).read_bytes(), integrity.INDEX)
     quarantine = None
     if bad:

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data import sources
-from pipeline.data.types import as_text, text_to_numbers
+from pipeline.data.prepare import sources
+from pipeline.data.prepare.plan import as_text, text_to_numbers
 from pipeline.errors import ConfigError, DataError
 
 SPLITS = ("train", "val", "test")

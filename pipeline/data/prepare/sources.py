@@ -12,8 +12,16 @@ from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Iterator
 
-from pipeline.data import idx, local_path, open_uri
-from pipeline.data.types import Batch, Input, SourceFile, Unit, key_hashes, position_keys
+from pipeline.data import local_path, open_uri
+from pipeline.data.prepare import idx
+from pipeline.data.prepare.plan import (
+    Batch,
+    Input,
+    SourceFile,
+    Unit,
+    key_hashes,
+    position_keys,
+)
 from pipeline.errors import DataError
 
 FORMATS = ("parquet", "csv", "jsonl", "idx", "image_folder")

@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from pipeline.data import open_uri
-from pipeline.data.types import Batch, SourceFile, Unit, position_keys
+from pipeline.data.prepare.plan import Batch, SourceFile, Unit, position_keys
 from pipeline.errors import DataError
 
 IMAGES, LABELS = 0x803, 0x801

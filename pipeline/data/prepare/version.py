@@ -1,9 +1,9 @@
-"""Data preparation: input -> validated, versioned MDS dataset, converted in parallel, published atomically.
+"""Writing one dataset version: input -> validated, versioned MDS dataset, converted in parallel, published atomically.
 
 One pass over the input. The input is cut into units (Parquet row groups, IDX row ranges, runs of
 image files, whole CSV/JSON Lines files) and a plan of every column's role and encoding is made from
 its first rows (``schema``); worker processes convert units independently (``convert``): each reads
-its unit in record batches, validates every row (``validate``), assigns splits by a hash of the key,
+its unit in record batches, validates every row (``rows``), assigns splits by a hash of the key,
 encodes the batch with numpy and writes its own ``SPLIT/part-NNNNN/`` MDS sub-dataset, and returns
 mergeable statistics. The parent merges the part indexes into one ``SPLIT/index.json`` per split, the
 statistics into ``preprocessing.json``, writes the manifest last, and renames the temporary folder
@@ -20,13 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DataConfig
-from pipeline.data import convert, idx, publish, sources
-from pipeline.data import transform as row_transform
-from pipeline.data.publish import (  # noqa: F401  (the stage's public names, imported from here)
-    MANIFEST, PREPROCESSING, QUARANTINE, STATS, read_manifest, read_preprocessing, read_stats,
-)
-from pipeline.data.schema import infer_plan
-from pipeline.data.types import Plan  # noqa: F401
+from pipeline.data.prepare import convert, idx, publish, sources
+from pipeline.data.prepare import transform as row_transform
+from pipeline.data.prepare.schema import infer_plan
 from pipeline.diskspace import space_checked
 
 log = logging.getLogger(__name__)

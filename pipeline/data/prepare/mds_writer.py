@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.data.integrity import ALGORITHM, digest_bytes
+from pipeline.data.versions.integrity import ALGORITHM, digest_bytes
 from pipeline.diskspace import space_checked
 from pipeline.errors import ConfigError, DataError
 

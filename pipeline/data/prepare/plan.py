@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.stats import MISSING
+from pipeline.data.versions.stats import MISSING
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Plan:
     size_limit: int = 1 << 26
     batch_rows: int = 65_536
     parent_pid: int = 0  # workers stop when the process that started them is gone (killed)
-    # A recipe's row transform (pipeline.data.transform): ``columns`` are then its input and
+    # A recipe's row transform (pipeline.data.prepare.transform): ``columns`` are then its input and
     # ``encodings`` are of the columns it returns.
     transform: Any = None
     time_split: Any = None  # a splits.TimeSplit when data.split_by is time or last_per_group

@@ -6,8 +6,9 @@ import io
 
 import numpy as np
 
-from pipeline.data import images, mds
-from pipeline.data.types import Batch, Plan, as_text, text_to_numbers
+from pipeline.data import images
+from pipeline.data.prepare import mds_writer
+from pipeline.data.prepare.plan import Batch, Plan, as_text, text_to_numbers
 from pipeline.errors import DataError
 
 BAD_EXAMPLES = 5  # bad rows quoted per worker, in the log and in the error of a run over data.max_bad_fraction
@@ -118,7 +119,7 @@ def _images(column, encoding: str, name: str, flag):
             continue
         try:
             with images.open_image(blob) as image:
-                if mds.image_format(blob) != encoding:
+                if mds_writer.image_format(blob) != encoding:
                     blob = _encode_image(image, encoding)
         except images.BadImage as exc:
             flag(np.arange(len(blobs)) == i, name, lambda _, p=str(exc): p)

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data import mds, sources, splits
-from pipeline.data import transform as row_transform
-from pipeline.data.schema import check_columns
-from pipeline.data.stats import Stats
-from pipeline.data.types import Plan, Unit, key_hashes
-from pipeline.data.validate import BAD_EXAMPLES, conform, quarantine_rows
+from pipeline.data.prepare import mds_writer, sources, splits
+from pipeline.data.prepare import transform as row_transform
+from pipeline.data.prepare.plan import Plan, Unit, key_hashes
+from pipeline.data.prepare.rows import BAD_EXAMPLES, conform, quarantine_rows
+from pipeline.data.prepare.schema import check_columns
+from pipeline.data.versions.stats import Stats
 from pipeline.errors import DataError
 from pipeline.process_table import alive
 
@@ -162,7 +162,7 @@ def convert_unit(plan: Plan, unit: Unit, tmp: str) -> dict[str, Any]:
     if _parent_gone(plan):
         raise SystemExit(f"the preparing process {plan.parent_pid} is gone; not starting unit {unit.index}")
     part = f"part-{unit.index:05d}"
-    writers = {s: mds.PartWriter(Path(tmp) / s / part, plan.encodings, compression=plan.compression,
+    writers = {s: mds_writer.PartWriter(Path(tmp) / s / part, plan.encodings, compression=plan.compression,
                                  size_limit=plan.size_limit) for s in splits.SPLITS}
     stats = Stats(plan.numeric_columns, plan.categorical_columns, plan.label_kind)
     quarantined: list[pa.Table] = []
@@ -204,7 +204,7 @@ def convert_unit(plan: Plan, unit: Unit, tmp: str) -> dict[str, Any]:
         # Rows grouped by split (stable: input order within a split), so each split's samples are one
         # contiguous run of the encoded buffer.
         order = np.argsort(codes, kind="stable")
-        buf, bounds = mds.encode_batch(plan.encodings, table.take(pa.array(order)))
+        buf, bounds = mds_writer.encode_batch(plan.encodings, table.take(pa.array(order)))
         ends = np.cumsum(np.bincount(codes, minlength=len(splits.SPLITS)))
         for code, split in enumerate(splits.SPLITS):
             writers[split].write(buf, bounds, int(ends[code - 1]) if code else 0, int(ends[code]))

@@ -123,7 +123,7 @@ def damaged_error(dataset_dir: Path, manifest: dict[str, Any], damage: list[Dama
     """The error a reader raises on a damaged version: what is wrong, and how to get a good copy."""
     return DataError(
         f"{describe_damage(dataset_dir, manifest, damage)}. Its files changed after it was published (a bad disk, a bad copy or a "
-        f"partial sync). Publish it again from its source with `python -m pipeline.data.republish {dataset_dir}` "
+        f"partial sync). Publish it again from its source with `python -m pipeline.data.prepare.republish {dataset_dir}` "
         f"(prepare_data does that by itself when it reuses the version): the damaged copy is moved aside, not "
         f"deleted. If the source is gone, restore the version's folder from a backup."
     )

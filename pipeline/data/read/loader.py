@@ -9,7 +9,7 @@ at the exact sample, on the same or another number of ranks. A shard reaches the
 decompressed); the index itself is checked against the version's manifest first.
 
 What is our own is the reading (``bench/loader.py`` measures it beside streaming's per-sample path): a batch is
-read as one piece from memory-mapped shards and decoded by column (``pipeline.data.shards``), where streaming's
+read as one piece from memory-mapped shards and decoded by column (``pipeline.data.read.shards``), where streaming's
 ``__getitem__`` opens and decodes every sample on its own; and each rank (each loader worker) works out its own
 share, so no shared memory, registration or barrier is needed between the ranks of a node.
 """
@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from pipeline.data import integrity
-from pipeline.data.shards import Layout, ShardReader, concat
+from pipeline.data.read.shards import Layout, ShardReader, concat
+from pipeline.data.versions import integrity
 from pipeline.errors import DataError
 
 log = logging.getLogger(__name__)

@@ -87,7 +87,7 @@ def apply_by_split(transform, table, codes: np.ndarray, counts: Counter, where, 
     and ``where(row)`` names one: a ``RowError`` becomes a DataError naming file, row and column."""
     import pyarrow as pa
 
-    from pipeline.data.splits import SPLITS
+    from pipeline.data.prepare.splits import SPLITS
 
     tables, out_codes = [], []
     for code in np.unique(codes):

@@ -59,7 +59,7 @@ def triggering_window(triggering_asset_events: Any, data_root: Path | None = Non
                 if newest is None or extra["interval_end"] > newest["end"]:
                     newest = {"dataset": extra["dataset"], "end": extra["interval_end"]}
     if newest is not None and data_root is not None:
-        from pipeline.data.publish import wait_for_writers
+        from pipeline.data.prepare.publish import wait_for_writers
 
         dataset_dir = Path(data_root) / newest["dataset"]
         still = wait_for_writers(dataset_dir, WRITERS_WAIT_S)
@@ -83,8 +83,9 @@ def published(root: Path) -> list[dict[str, Any]]:
 def _intact(manifest: dict[str, Any]) -> dict[str, Any]:
     """A version of the window checked before it is reused; a damaged one is published again from its source
     (or the error says why it cannot be)."""
-    from pipeline.data import integrity, local_path
-    from pipeline.data.republish import republish
+    from pipeline.data import local_path
+    from pipeline.data.prepare.republish import republish
+    from pipeline.data.versions import integrity
 
     dataset_dir = local_path(manifest["uri"])
     if not integrity.check_version(dataset_dir, manifest):

@@ -9,8 +9,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline.config import DataConfig
-from pipeline.data import mds, sources, splits
-from pipeline.data.types import Batch, Input, Plan, Unit, text_to_numbers
+from pipeline.data.prepare import mds_writer, sources, splits
+from pipeline.data.prepare.plan import Batch, Input, Plan, Unit, text_to_numbers
 from pipeline.errors import ConfigError, DataError
 
 # A text feature column becomes categorical only when it looks like categories. Two kinds of text
@@ -57,7 +57,7 @@ def infer_plan(inp: Input, units: list[Unit], cfg: DataConfig, transform: Any = 
     missing = [c for c in cfg.categorical_columns if c not in names]
     if missing:
         raise DataError(f"{origin}: data.categorical_columns {missing} are not columns; the columns are {names}")
-    overrides = mds.parse_overrides(cfg.column_encodings)
+    overrides = mds_writer.parse_overrides(cfg.column_encodings)
 
     label_type = schema.field(cfg.label_column).type if cfg.label_column else None
     if label_type is None:
@@ -86,7 +86,7 @@ def infer_plan(inp: Input, units: list[Unit], cfg: DataConfig, transform: Any = 
             encodings[name] = "str"
             continue
         if is_text(kind):
-            if overrides.get(name) in mds.SCALARS:  # declared numeric: values are parsed, wrong ones are bad rows
+            if overrides.get(name) in mds_writer.SCALARS:  # declared numeric: values are parsed, wrong ones are bad rows
                 numeric.append(name)
                 encodings[name] = "float64"
             else:
@@ -97,7 +97,7 @@ def infer_plan(inp: Input, units: list[Unit], cfg: DataConfig, transform: Any = 
         values = first.table.column(name)
         sample = next((v for v in values.to_pylist() if v is not None), None) if pa.types.is_binary(kind) else None
         try:
-            encoding = mds.infer_encoding(name, kind, sample)
+            encoding = mds_writer.infer_encoding(name, kind, sample)
         except DataError:
             raise DataError(
                 f"{origin}: feature column {name!r} has type {kind}; features must be numeric (integer, float, "
@@ -105,7 +105,7 @@ def infer_plan(inp: Input, units: list[Unit], cfg: DataConfig, transform: Any = 
             ) from None
         if inp.fmt == "image_folder" and encoding == "bytes":
             encoding = "png"  # the first image is not PNG or JPEG: store PNG; undecodable ones are bad rows
-        if encoding in mds.SCALARS:
+        if encoding in mds_writer.SCALARS:
             numeric.append(name)
         elif encoding in ("png", "jpeg") or (inp.fmt in ("idx", "image_folder") and name == "image"):
             images.append(name)
@@ -220,11 +220,11 @@ def is_text(kind) -> bool:
 
 def _allowed_overrides(column: str, inferred: str, numeric: list[str], images: list[str], int_label: bool) -> list[str]:
     if column in numeric:
-        return list(mds.SCALARS)
+        return list(mds_writer.SCALARS)
     if column in images:
         return sorted({inferred, "png", "jpeg"})
     if int_label:
-        return [e for e in mds.SCALARS if e.startswith(("int", "uint"))]
+        return [e for e in mds_writer.SCALARS if e.startswith(("int", "uint"))]
     return [inferred]
 
 

@@ -1,4 +1,4 @@
-"""Publish a damaged dataset version again from its source: ``python -m pipeline.data.republish DIR``.
+"""Publish a damaged dataset version again from its source: ``python -m pipeline.data.prepare.republish DIR``.
 
 The version's manifest records the data config, the data interval and the sources it was made from;
 preparing that again gives the same version when the sources are unchanged, and ``prepare`` sets the
@@ -17,8 +17,8 @@ from typing import Any
 
 from pipeline.config import DataConfig
 from pipeline.config_fields import build
-from pipeline.data import integrity
-from pipeline.data.publish import read_manifest
+from pipeline.data.prepare.publish import read_manifest
+from pipeline.data.versions import integrity
 from pipeline.errors import ConfigError, DataError, UserError
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def data_config(manifest: dict[str, Any]) -> DataConfig:
 def republish(dataset_dir: Path) -> dict[str, Any]:
     """Check the version at ``dataset_dir``; when damaged, publish it again from its source. Returns the
     version's manifest (``skipped`` when it was intact)."""
-    from pipeline.data.prep import prepare
+    from pipeline.data.prepare.version import prepare
 
     dataset_dir = Path(dataset_dir).resolve()
     try:
@@ -63,7 +63,7 @@ def republish(dataset_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.data.republish", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.data.prepare.republish", description=__doc__.splitlines()[0])
     parser.add_argument("dataset_dir", type=Path, help="the version's folder: DATA_DIR/NAME/VERSION")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")

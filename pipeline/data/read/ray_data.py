@@ -32,7 +32,7 @@ SHUFFLE_BUFFER_BATCHES = 4
 def _split_reader(dirs: tuple[str, ...], split: str, cache_dir: str):
     """A split's MDS reader, opened once per Ray worker process (Ray keeps them warm between epochs); the
     node's reading processes share one cache, where each shard is made local once."""
-    from pipeline.data.reading import TrainingData
+    from pipeline.data.read.training_data import TrainingData
 
     return TrainingData.open(list(dirs), Path(cache_dir)).shards(split)
 
