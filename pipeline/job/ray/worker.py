@@ -96,7 +96,7 @@ def failure_policy(job_dir: str, max_restarts: int):
     from ray.train.v2.api.exceptions import ControllerError
 
     from pipeline.job.policy import Ended, Findings, decide
-    from pipeline.job_files import JobFiles
+    from pipeline.job_files import PREEMPTED_EXIT_CODE, JobFiles
 
     class SupervisorsPolicy(DefaultFailurePolicy):
         restarts = 0
@@ -109,8 +109,11 @@ def failure_policy(job_dir: str, max_restarts: int):
                           f"trying again", flush=True)
                 return decision
             files = JobFiles(Path(job_dir))
+            findings = Findings.read(files)
+            if findings.preempted_step is None and f"exited with code {PREEMPTED_EXIT_CODE}" in str(training_failed_error):
+                findings = _preemption_marked(files, findings)
             decision = decide(Ended("failed", f"a worker failed: {_first_line(training_failed_error)}"),
-                              Findings.read(files), restart=self.restarts, max_restarts=max_restarts)
+                              findings, restart=self.restarts, max_restarts=max_restarts)
             if decision.action != "restart":
                 return FailureDecision.RAISE
             self.restarts += 1
@@ -119,6 +122,22 @@ def failure_policy(job_dir: str, max_restarts: int):
             return FailureDecision.RETRY
 
     return SupervisorsPolicy
+
+
+def _preemption_marked(files, findings, timeout_s: float = 30.0):
+    """A worker exited as preempted before rank 0 wrote the marker of the step they checkpointed (Ray's controller
+    sees the first worker's end at once): wait for the marker, as long as a checkpoint may take."""
+    import time
+
+    from pipeline.job.policy import Findings
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = Findings.read(files)
+        if found.preempted_step is not None:
+            return found
+        time.sleep(0.1)
+    return findings
 
 
 def _first_line(error: BaseException) -> str:
