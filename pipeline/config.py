@@ -157,7 +157,7 @@ class KubernetesConfig:
         600.0, "Every pod must be running this long after the Job is created, or the attempt fails naming why "
         "(unschedulable, image pull, crash loop).", min=1.0)
     ttl_after_finished_s: int = config_field(
-        300, "ttlSecondsAfterFinished: the cluster deletes a finished Job that the launcher could not.", min=0)
+        300, "ttlSecondsAfterFinished: the cluster deletes a finished Job that the supervisor could not.", min=0)
     queue_name: str = config_field(
         "", "Kueue LocalQueue: the Job is created suspended and Kueue admits every pod at once; empty: no Kueue.")
     deferrable: bool = config_field(
@@ -203,25 +203,25 @@ class LaunchConfig:
     and ``@task.torchrun`` (their keyword arguments are these fields)."""
 
     kind: str = config_field(
-        "local", "Launcher: local runs torchrun as processes of this worker; kubernetes runs one pod per node "
+        "local", "Where the job runs (its place): local runs torchrun as processes of this worker; kubernetes runs one pod per node "
         "(launch.kubernetes.*); ray runs Ray Train workers on a Ray cluster (launch.ray.*).",
         choices=["local", "kubernetes", "ray"],
     )
-    nnodes: int = config_field(1, "Nodes (machines) of the job; with the local launcher, more than one needs rdzv_endpoint.", min=1, max=1024)
+    nnodes: int = config_field(1, "Nodes (machines) of the job; with the local place, more than one needs rdzv_endpoint.", min=1, max=1024)
     min_nnodes: int = config_field(
         0, "Elastic: the fewest nodes an attempt starts or restarts with (after losing a node, training resumes "
         "from its last checkpoint on the nodes left, at the same sample); 0: exactly nnodes. torchrun "
-        "--nnodes=MIN:MAX on the local launcher; on Ray, MIN x nproc_per_node to nnodes x nproc_per_node workers.",
+        "--nnodes=MIN:MAX on the local place; on Ray, MIN x nproc_per_node to nnodes x nproc_per_node workers.",
         min=0, max=1024)
     nproc_per_node: int = config_field(2, "Training processes (ranks) on each node.", min=1, max=64)
-    node_rank: int = config_field(0, "This node's rank when the local launcher joins a multi-node job.", min=0)
+    node_rank: int = config_field(0, "This node's rank when the local place joins a multi-node job.", min=0)
     rdzv_endpoint: str = config_field("", "HOST:PORT of the c10d rendezvous of a multi-node job; empty for one node.")
     gpus_per_node: int = config_field(
         0, "GPUs each node must have (one per rank is usual); 0 runs on whatever the node has, CPU included.",
         min=0, max=64,
     )
-    cpus_per_node: float = config_field(0.0, "CPU cores each node asks for (where the launcher schedules); 0: no request.", min=0.0)
-    memory_per_node_gb: float = config_field(0.0, "Memory each node asks for, in GiB (where the launcher schedules); 0: no request.", min=0.0)
+    cpus_per_node: float = config_field(0.0, "CPU cores each node asks for (where the place schedules); 0: no request.", min=0.0)
+    memory_per_node_gb: float = config_field(0.0, "Memory each node asks for, in GiB (where the place schedules); 0: no request.", min=0.0)
     backend: str = config_field(
         "auto", "Process-group backend; auto picks nccl with a GPU, gloo without.",
         choices=["auto", "gloo", "nccl"],
@@ -244,8 +244,8 @@ class LaunchConfig:
             raise ConfigError(f"launch.min_nnodes={self.min_nnodes}: expected at most launch.nnodes={self.nnodes} "
                               f"(0 for a job of exactly nnodes nodes)")
         if self.kind == "local" and self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ConfigError(f"launch.nnodes={self.nnodes} with the local launcher needs launch.rdzv_endpoint "
-                              f"(HOST:PORT of the c10d rendezvous that every node's launcher joins)")
+            raise ConfigError(f"launch.nnodes={self.nnodes} with the local place needs launch.rdzv_endpoint "
+                              f"(HOST:PORT of the c10d rendezvous that every node's torchrun agent joins)")
 
     @property
     def deferrable(self) -> bool:

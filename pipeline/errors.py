@@ -1,7 +1,7 @@
 """The two kinds of failure: a user's mistake (do not retry) and an infrastructure fault (retry).
 
 The kind survives the process boundary: a rank that raises a ``UserError`` reports it in the job folder
-before it dies (``pipeline.job_files.user_errors_reported``); the launcher finds it and raises ``RankUserError``,
+before it dies (``pipeline.job_files.user_errors_reported``); the supervisor finds it and raises ``RankUserError``,
 so neither a restart nor an Airflow retry follows (``pipeline.job.policy``).
 """
 

@@ -1,7 +1,7 @@
-"""The job folder: what the launcher and the ranks of one training job share, and the only place its layout,
+"""The job folder: what the supervisor and the ranks of one training job share, and the only place its layout,
 its environment variables and its files' formats are written.
 
-The launcher exports the folder's paths to every rank (``JobFiles.env``: ``PIPELINE_JOB_DIR``,
+The supervisor exports the folder's paths to every rank (``JobFiles.env``: ``PIPELINE_JOB_DIR``,
 ``PIPELINE_CHECKPOINT_DIR``, ``PIPELINE_RESULT_FILE``, ``PIPELINE_PROGRESS_DIR``, ``PIPELINE_ERROR_DIR``); the
 ranks write, and the supervisor reads:
 
@@ -12,11 +12,11 @@ ranks write, and the supervisor reads:
   ``progress/preempted.json`` once the checkpoint of the step they agreed on is saved, and every rank exits
   with ``PREEMPTED_EXIT_CODE``: the attempt is restarted and resumes at that step;
 - user errors: a rank that raises a ``UserError`` writes ``errors/rank-R.json`` (``user_errors_reported``)
-  before it dies, and the launcher raises it as a ``RankUserError`` (``reported_user_error``), so neither a
+  before it dies, and the supervisor raises it as a ``RankUserError`` (``reported_user_error``), so neither a
   restart nor a retry follows;
 - rank 0's result (``result.json``, the task's XCom) and metrics (``metrics.jsonl``, relayed to MLflow).
 
-Standard library only: the launcher, every rank and a toolchain's own interpreter import it.
+Standard library only: the supervisor, every rank and a toolchain's own interpreter import it.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class JobFiles:
 
     @classmethod
     def from_env(cls) -> "JobFiles | None":
-        """In a rank: the job folder the launcher exported (``PIPELINE_JOB_DIR``), if any."""
+        """In a rank: the job folder the supervisor exported (``PIPELINE_JOB_DIR``), if any."""
         root = os.environ.get(JOB_DIR_ENV)
         return cls(Path(root)) if root else None
 
@@ -158,7 +158,7 @@ def read_heartbeats(directory: Path) -> dict[int, dict[str, Any]]:
 
 
 def mark_preempted(progress_dir: Path, *, rank: int, step: int) -> None:
-    """Rank 0, once the checkpoint of ``step`` is saved: tells the launcher why the ranks are exiting."""
+    """Rank 0, once the checkpoint of ``step`` is saved: tells the supervisor why the ranks are exiting."""
     path = Path(progress_dir) / PREEMPTION_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(path, {"rank": rank, "step": step, "time": time.time()})
@@ -182,7 +182,7 @@ def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def user_errors_reported():
-    """In a rank: record a ``UserError`` escaping the block where the launcher looks, then re-raise it."""
+    """In a rank: record a ``UserError`` escaping the block where the supervisor looks, then re-raise it."""
     try:
         yield
     except UserError as exc:
@@ -196,7 +196,7 @@ def user_errors_reported():
                 tmp.write_text(json.dumps({"rank": int(rank), "type": type(exc).__name__, "message": str(exc)}))
                 os.replace(tmp, path)
             except OSError as report_failed:  # a disk with not even a few bytes free: the error itself still shows
-                print(f"could not report the {type(exc).__name__} to the launcher ({report_failed}); the attempt "
+                print(f"could not report the {type(exc).__name__} to the supervisor ({report_failed}); the attempt "
                       f"will look like an infrastructure failure", flush=True)
         raise
 

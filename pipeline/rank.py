@@ -1,5 +1,5 @@
 """One rank of a recipe's training job: ``python -m pipeline.rank --config FILE ...`` alone, or under
-``torchrun -m pipeline.rank`` (a launcher exports the job folder as ``PIPELINE_JOB_DIR``). It stands above the
+``torchrun -m pipeline.rank`` (the place exports the job folder as ``PIPELINE_JOB_DIR``). It stands above the
 recipes and the loop: it looks the recipe up by name and hands the loop its config and hooks."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pipeline.job_files import user_errors_reported
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline.rank", description=__doc__)
     parser.add_argument("--config", type=Path, help="resolved config JSON (PipelineConfig.to_dict: it names its "
-                        "recipe); under a launcher, the job folder's config.json")
+                        "recipe); under the supervisor, the job folder's config.json")
     parser.add_argument("--recipe", help="registered recipe name (pipeline.recipes), e.g. tabular_mlp: the config "
                         "of its --variant, when no --config is given")
     parser.add_argument("--variant", default="default", help="the recipe's config variant when no --config is given")
@@ -25,14 +25,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="dataset version folder or URI (with manifest.json); repeat it to read a window "
                         "of versions as streams of one dataset")
     parser.add_argument("--out", type=Path, help="the job folder (model, checkpoints, result.json); default: "
-                        "$PIPELINE_JOB_DIR, which every launcher exports")
+                        "$PIPELINE_JOB_DIR, which every place exports")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set train.learning_rate=3e-4 --set model.depth=2")
     return parser.parse_args(argv)
 
 
 def resolve(args: argparse.Namespace):
-    """(recipe, config, job folder) from the arguments and the environment the launcher exported."""
+    """(recipe, config, job folder) from the arguments and the environment the place exported."""
     from pipeline.errors import ConfigError
     from pipeline.job_files import JobFiles
     from pipeline.recipes import config_from_dict, get_recipe
@@ -50,7 +50,7 @@ def resolve(args: argparse.Namespace):
     exported = JobFiles.from_env()
     out = args.out or (exported.root if exported else None)
     if out is None:
-        raise ConfigError("python -m pipeline.rank needs --out DIR when no launcher exported PIPELINE_JOB_DIR")
+        raise ConfigError("python -m pipeline.rank needs --out DIR when no place exported PIPELINE_JOB_DIR")
     return recipe, cfg.with_overrides(parse_set_args(args.overrides)), out
 
 

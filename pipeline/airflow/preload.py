@@ -10,7 +10,7 @@ with what its parent had imported. So:
   ``[celery] celery_config_options`` to ``pipeline.airflow.preload.CELERY_CONFIG``, as ``docker-compose.yml`` and
   ``make stack`` do);
 - ``make demo``, which runs every task inside its own process (``dag.test``), imports them on a thread once
-  the train task waits for its ranks (``preload_in_background(after=supervisor.WAITING, nice=19)``): its
+  the train task has started its ranks (``preload_while_a_job_runs``, an Airflow listener on the task's start): its
   interpreter is idle then, and the thread's low CPU priority leaves the cores to the ranks (under Linux's
   autogroup scheduling, the whole session's while the thread imports: ``session_niceness``). Started with
   Airflow instead, the thread contended with Airflow's start for the interpreter lock (that start took
@@ -103,6 +103,39 @@ def preload_in_background(names: list[str] | None = None, *, after: threading.Ev
     thread = threading.Thread(target=run, name="pipeline-preload", daemon=True)
     thread.start()
     return thread
+
+
+def preload_while_a_job_runs(*, nice: int = 19, launch_wait_s: float = 30.0) -> threading.Thread:
+    """For a process that runs its tasks itself (``make demo``): ``preload_in_background`` from when its first job
+    task (a ``TorchrunOperator``, the recipe DAGs' ``train`` among them) has started its job's processes: an
+    Airflow listener sees the task start, then the first child process of this one is waited for (up to
+    ``launch_wait_s``). The task's thread only waits for its ranks then, and the launch has the interpreter to
+    itself."""
+    from airflow.listeners import hookimpl
+    from airflow.sdk.listener import get_listener_manager
+
+    from pipeline.airflow.operator import TorchrunOperator
+
+    running, launched = threading.Event(), threading.Event()
+
+    class JobTaskStarts:
+        @hookimpl
+        def on_task_instance_running(self, previous_state, task_instance) -> None:
+            if isinstance(getattr(task_instance, "task", None), TorchrunOperator):
+                running.set()
+
+    def wait_for_the_launch() -> None:
+        import psutil
+
+        running.wait()
+        deadline = time.monotonic() + launch_wait_s
+        while not psutil.Process().children() and time.monotonic() < deadline:
+            time.sleep(0.05)  # no event tells a process that its task started a child: the condition is polled
+        launched.set()
+
+    get_listener_manager().add_listener(JobTaskStarts())
+    threading.Thread(target=wait_for_the_launch, name="pipeline-preload-wait", daemon=True).start()
+    return preload_in_background(after=launched, nice=nice)
 
 
 @contextlib.contextmanager

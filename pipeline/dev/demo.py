@@ -124,11 +124,10 @@ def main(argv: list[str] | None = None) -> int:
 
     deployment.apply_airflow_env()
     started = time.perf_counter()
-    from pipeline.airflow.preload import preload_in_background
-    from pipeline.job.supervisor import WAITING
+    from pipeline.airflow.preload import preload_while_a_job_runs
 
-    # The tasks run in this process: it is their warm worker, from when the train task waits for its ranks.
-    preload_in_background(after=WAITING, nice=19)
+    # The tasks run in this process: it is their warm worker, from when the train task has started its ranks.
+    preload_while_a_job_runs()
     from pipeline.recipes import get_recipe
 
     recipe = get_recipe(args.recipe)

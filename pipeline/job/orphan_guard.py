@@ -1,6 +1,6 @@
 """Guards for places whose attempts live outside the task's process tree (a Kubernetes Job, a Ray job).
 
-The launcher starts ``python -m <guard module>`` in a session of its own (a kill of the task's process
+The supervisor starts ``python -m <guard module>`` in a session of its own (a kill of the task's process
 group does not reach it) and writes one JSON line naming what to tear down. It writes ``done`` when it
 has torn the attempt down itself; if stdin closes without it (the task process was SIGKILLed, the worker
 died), the guard tears the attempt down. The local place needs none of this: its attempt is a child of
@@ -39,7 +39,7 @@ def stop_guard(proc: subprocess.Popen | None) -> None:
 
 
 def orphaned_request() -> dict[str, Any] | None:
-    """In the guard: the launcher's request once stdin closes without ``done`` (act on it), or None."""
+    """In the guard: the supervisor's request once stdin closes without ``done`` (act on it), or None."""
     request = json.loads(sys.stdin.readline())
     for line in sys.stdin:
         if line.strip() == "done":

@@ -41,9 +41,6 @@ Emit = Callable[[str], None]
 TAIL_LINES = 60
 POLL_S = 0.5
 METRICS_FLUSH_TIMEOUT_S = 120.0
-# Set once this process has launched a job and waits for it: its interpreter is idle then. A process that runs
-# tasks itself (``make demo``) does its warm-up from that moment (``pipeline.airflow.preload``).
-WAITING = threading.Event()
 
 
 class Watchdog:
@@ -128,7 +125,6 @@ class Supervisor:
                       max_restarts=restarts_allowed(self.place, self.spec), tail=list(self._tail))
 
     def _wait(self, emit: Emit) -> Ended:
-        WAITING.set()
         launch = self.spec.launch
         watchdog = Watchdog(timeout_s=launch.timeout_s, stall_timeout_s=launch.stall_timeout_s,
                             progress_dir=self.spec.files.progress, started=time.monotonic())

@@ -7,9 +7,9 @@ import threading
 from typing import Any
 
 from pipeline.errors import UserError
-from pipeline.phases import Phases
 from pipeline.registry.package import ModelPackage
 from pipeline.registry.tracking import RUN_KEY_TAG, client
+from pipeline.stopwatch import Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,11 @@ def _settle(model_name: str, run_key: str, mine: str) -> str:
 
 
 def log_and_register(*, run_id: str, model_name: str, run_key: str, package: ModelPackage,
-                     tags: dict[str, str], phases: Phases | None = None) -> tuple[str, bool]:
+                     tags: dict[str, str], phases: Stopwatch | None = None) -> tuple[str, bool]:
     """Log a recipe's ``ModelPackage`` (a models-from-code pyfunc and its artifacts, or another flavor's
     model) into ``run_id`` and register it once per ``run_key``; returns ``(version, created)``. ``phases``
     times "model logging" and "registration"."""
-    phases = phases or Phases()
+    phases = phases or Stopwatch()
     existing = find_version(model_name, run_key)
     if existing is not None:
         log.info("model %s version %s already registered for %s: reusing it", model_name, existing.version, run_key)

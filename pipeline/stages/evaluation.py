@@ -8,10 +8,10 @@ from typing import Any
 
 from pipeline.config import PipelineConfig
 from pipeline.evaluate.evaluator import Evaluator
-from pipeline.phases import Phases
 from pipeline.results import Evaluation, Gate, ModelScore, PreparedData, RegisteredModel
 from pipeline.stages.lineage import train_spec
 from pipeline.stages.run import RunInfo
+from pipeline.stopwatch import Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
     from pipeline.registry import models, tracking
     from pipeline.registry.links import run_url
 
-    phases = Phases()
+    phases = Stopwatch()
     with phases("open data"):
         spec = train_spec(cfg)
         evaluator = spec.evaluator

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from pipeline import deployment
 from pipeline.config import PipelineConfig
 from pipeline.results import PreparedData
 from pipeline.stages.run import RunInfo
+from pipeline.stopwatch import Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +26,9 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | Non
         return dataset
     from pipeline.data.prepare.version import prepare
 
-    started = time.perf_counter()
+    clock = Stopwatch()
     manifest = prepare(cfg.data, name=cfg.RECIPE, out_root=deployment.data_dir())
-    return windows.summary(manifest, round(time.perf_counter() - started, 3))
+    return windows.summary(manifest, clock.total())
 
 
 def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedData:
@@ -40,7 +40,7 @@ def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedDa
     if not (run.data_interval_start and run.data_interval_end):
         raise ConfigError(f"DAG run {run.run_id} has no data interval: a per-interval dataset needs a scheduled "
                           f"run (or a backfill) of a DAG with a timetable")
-    started = time.perf_counter()
+    clock = Stopwatch()
     manifest = prepare(cfg.data, name=name, out_root=deployment.data_dir(),
                        interval=(run.data_interval_start, run.data_interval_end))
-    return windows.summary(manifest, round(time.perf_counter() - started, 3))
+    return windows.summary(manifest, clock.total())

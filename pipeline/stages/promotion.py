@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 from pipeline.config import PipelineConfig
 from pipeline.results import (
@@ -20,6 +19,7 @@ from pipeline.results import (
     TrainingSummary,
 )
 from pipeline.stages.run import RunInfo
+from pipeline.stopwatch import Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def promote(
     """Move ``champion`` to the challenger when the gate (and, if required, a person) says so."""
     from pipeline.registry import models, tracking
 
-    started = time.perf_counter()
+    clock = Stopwatch()
     name, version = cfg.registry.model_name, registered.version
     gate = evaluation.gate
     promoted, reason = gate.passed, f"gate {gate.status}: {gate.reason}"
@@ -67,7 +67,7 @@ def promote(
                               final_metrics=trained.metrics, baseline_metrics=trained.baseline_metrics),
         wall_s={
             "prepare_data": dataset.wall_s, "train": trained.wall_s, "register_model": registered.wall_s,
-            "evaluate": evaluation.wall_s, "promote": round(time.perf_counter() - started, 3),
+            "evaluate": evaluation.wall_s, "promote": clock.total(),
         },
     )
     run.workdir.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 
 from pipeline.config import PipelineConfig
-from pipeline.phases import Phases
 from pipeline.results import PreparedData, RegisteredModel, TrainedModel
 from pipeline.stages.lineage import lineage_tags, train_spec
 from pipeline.stages.run import RunInfo
+from pipeline.stopwatch import Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tra
     from pipeline.data.read.training_data import TrainingData
     from pipeline.registry import metrics_relay, models, tracking
 
-    phases = Phases()
+    phases = Stopwatch()
     with phases("open data"):
         spec = train_spec(cfg)
         data = TrainingData.open(list(dataset.uris), run.workdir / "register" / "cache")

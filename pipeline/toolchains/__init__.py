@@ -63,7 +63,7 @@ def get(name: str) -> "Toolchain":
 
 
 def write_result(result: dict) -> None:
-    """In rank 0 of a toolchain's script: its result where the launcher reads it (``$PIPELINE_RESULT_FILE``,
+    """In rank 0 of a toolchain's script: its result where the supervisor reads it (``$PIPELINE_RESULT_FILE``,
     written whole or not at all; the task's XCom, ``model_dir`` what ``adopt`` registers), and on stdout."""
     path = os.environ.get("PIPELINE_RESULT_FILE")
     if path:

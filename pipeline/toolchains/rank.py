@@ -1,7 +1,7 @@
 """One rank of a toolchain job, in the toolchain's interpreter: run its entry (``-m module ...`` or
 ``script.py ...``) as ``python`` would, and report an exception of a type the toolchain declares a
 configuration mistake (``toolchain.json``'s ``config_errors``, e.g. pydantic's ``ValidationError`` for
-Axolotl's YAML) as a user error, so the launcher fails the task at once instead of restarting and retrying it.
+Axolotl's YAML) as a user error, so the supervisor fails the task at once instead of restarting and retrying it.
 
     python -m pipeline.toolchains.rank --config-error=pydantic_core._pydantic_core.ValidationError -- \\
         -m axolotl.cli.main train sft.yaml

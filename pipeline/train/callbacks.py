@@ -1,7 +1,7 @@
 """The run context for trainers that bring their own loop: Hugging Face ``Trainer`` and Lightning callbacks.
 
-A recipe's ``TrainSpec.run`` (or any script under the launcher) hands its trainer a callback bound to the
-``RunContext``: its checkpoints land where the launcher resumes from, its steps feed the stall
+A recipe's ``TrainSpec.run`` (or any script under the supervisor) hands its trainer a callback bound to the
+``RunContext``: its checkpoints land where the supervisor resumes from, its steps feed the stall
 watchdog's heartbeat, and rank 0's logs reach MLflow through the metrics sink (the job folder's file the
 task relays).
 

@@ -1,4 +1,4 @@
-"""Process-group setup that works with and without a launcher (DDP is on when RANK is set): torchrun's ranks
+"""Process-group setup that works with and without torchrun (DDP is on when RANK is set): torchrun's ranks
 initialise the group here, Ray Train's workers find it initialised."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class DistContext:
 
 def setup(backend: str | None = None) -> DistContext:
     """Join the torchrun job if there is one; pick nccl with a GPU and gloo without when ``auto``. The backend is
-    the launcher's (``PIPELINE_BACKEND``, from ``launch.backend``) unless given."""
+    the place's (``PIPELINE_BACKEND``, from ``launch.backend``) unless given."""
     backend = backend or os.environ.get("PIPELINE_BACKEND", "auto")
     cuda = torch.cuda.is_available()
     if "RANK" not in os.environ:

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     payload, result = (argv if argv is not None else sys.argv[1:])[:2]
     function, args, kwargs = cloudpickle.loads(Path(payload).read_bytes())
-    ctx = distributed.setup()  # the launcher's launch.backend
+    ctx = distributed.setup()  # launch.backend, exported by the place
     try:
         with user_errors_reported():  # a UserError from the function fails the task without retries
             value = function(*args, **kwargs)

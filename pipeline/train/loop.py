@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.data.read.training_data import TrainingData
+from pipeline.stopwatch import mark, startup_line, timeline
 from pipeline.train import distributed
 from pipeline.train.checkpoint import capture_rng, load_state, restore_rng
 from pipeline.train.context import RunContext
@@ -30,14 +31,13 @@ from pipeline.train.export import saved_model_files
 from pipeline.train.preemption import Preemption, exit_preempted
 from pipeline.train.preemption import install as install_preemption
 from pipeline.train.spec import TrainSpec
-from pipeline.train.timeline import mark, startup_line, timeline
 from pipeline.train.throughput import Throughput, peak_flops
 
 
 def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir: Path) -> dict[str, Any]:
     """Train on every rank of this job; rank 0 writes the model files and ``result.json`` into ``out_dir``."""
     mark("imports_done")
-    dist = distributed.setup()  # the launcher's launch.backend
+    dist = distributed.setup()  # launch.backend, exported by the place
     mark("process_group_ready")
     try:
         ctx = RunContext(cfg, dist, Path(out_dir))

@@ -103,7 +103,7 @@ class Preemption:
                 mark_preempted(self.progress_dir, rank=rank, step=step)
             print(f"preempted: every rank stops at step {step}, its checkpoint saved; exit code "
                   f"{PREEMPTED_EXIT_CODE}", flush=True)
-        self._barrier()  # no rank exits before the marker exists: the launcher reads both together
+        self._barrier()  # no rank exits before the marker exists: the supervisor reads both together
 
     def finish(self) -> None:
         """Wait for the all-reduce still in flight (every rank started it), before the group goes away."""
@@ -205,7 +205,7 @@ def _kill_shielded_children() -> None:
     # A rank that leaves on an exception (a peer's death seen by gloo, a bug) may still have loader workers:
     # their iterator was never shut down. multiprocessing's exit handler would SIGTERM them, which they
     # block, and then wait for them forever: the rank would hang until the stall watchdog, and a failure
-    # the launcher restarts on would end as a stall, which it does not. They get SIGKILL instead.
+    # the supervisor restarts on would end as a stall, which it does not. They get SIGKILL instead.
     import multiprocessing
 
     for child in multiprocessing.active_children():

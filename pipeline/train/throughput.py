@@ -4,8 +4,9 @@ work (checkpoints, validation, preemption checks) and, on GPUs, MFU."""
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from pipeline.stopwatch import lap
 
 # Dense bf16 peak FLOP/s per device, by a substring of torch.cuda.get_device_name().
 PEAK_BF16_FLOPS = {
@@ -57,14 +58,9 @@ class Throughput:
         for acc in (self._window, self._total):
             acc["phases"][phase] = acc["phases"].get(phase, 0.0) + seconds
 
-    @contextmanager
     def timed(self, phase: str):
         """``spent(phase, ...)`` of the time the block takes."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.spent(phase, time.perf_counter() - started)
+        return lap(lambda seconds: self.spent(phase, seconds))
 
     def step(self, samples: int, tokens: int = 0) -> None:
         """One optimizer step of ``samples`` samples (``tokens`` tokens) on this rank."""

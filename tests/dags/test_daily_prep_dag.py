@@ -74,3 +74,11 @@ def test_the_training_dag_is_scheduled_on_the_daily_asset():
     assert [a.name for a in produced] == ["tabular_mlp_daily"]
     assert list(consumed) == list(produced)  # the same asset: name and URI
     assert [a.name for a in training.get_task("prepare_data").outlets] == ["tabular_mlp"]
+
+
+def test_a_dag_the_metadata_db_does_not_know_is_not_paused(airflow_db):
+    """The backfill warning (tests/unit/test_ui_fixes.py) asks the metadata DB; a DAG it has never seen is not
+    paused."""
+    from pipeline.dev import airflow_cli
+
+    assert airflow_cli.is_paused("no_such_dag") is False

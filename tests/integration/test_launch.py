@@ -68,14 +68,34 @@ def test_a_failing_rank_fails_the_launch_with_its_traceback(script_dir, tmp_path
     assert "ValueError: boom from rank 1" in message
 
 
-def test_the_supervising_process_is_marked_waiting_once_its_ranks_run(script_dir, tmp_path):
-    """make demo's warm-up starts then (pipeline.airflow.preload): the mark is the supervisor's WAITING."""
-    from pipeline.job import supervisor
+def test_the_demos_preload_starts_once_a_job_task_has_started_its_processes(monkeypatch):
+    """make demo's warm-up (pipeline.airflow.preload): an Airflow listener sees a job task start, then the
+    preload waits for the job's first process; another task's start leaves it waiting."""
+    import subprocess
+    import sys
+    import threading
+    from types import SimpleNamespace
 
-    supervisor.WAITING.clear()
-    run_torchrun(["-m", "toy_job", "ok"], nproc_per_node=1, job_dir=tmp_path / "job",
-                 env={"PYTHONPATH": str(script_dir)}, emit=lambda line: None, grace_period_s=2)
-    assert supervisor.WAITING.is_set()
+    from airflow.sdk.listener import get_listener_manager
+    from airflow.utils.state import TaskInstanceState
+
+    from pipeline.airflow import preload
+    from pipeline.airflow.operator import TorchrunOperator
+
+    imported = threading.Event()
+    monkeypatch.setattr(preload, "preload", lambda names: imported.set())
+    thread = preload.preload_while_a_job_runs(nice=0, launch_wait_s=600)
+    hook = get_listener_manager().hook
+    hook.on_task_instance_running(previous_state=TaskInstanceState.QUEUED, task_instance=SimpleNamespace(task=object()))
+    hook.on_task_instance_running(previous_state=TaskInstanceState.QUEUED,
+                                  task_instance=SimpleNamespace(task=TorchrunOperator(task_id="t", entry=["x.py"])))
+    assert not imported.wait(0.5)  # the job task has started, its processes not yet
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        thread.join(60)
+        assert imported.is_set()
+    finally:
+        child.communicate(b"", timeout=60)
 
 
 def test_an_infrastructure_fault_in_a_rank_is_restarted_then_fails_as_retryable(script_dir, tmp_path):

@@ -85,7 +85,10 @@ def test_without_the_shield_the_same_signal_kills_the_loader_worker(tmp_path):
     rank fails on its next batch although it survived the signal)."""
     returncode, output = _run_rank(tmp_path, "unshielded")
     assert returncode == 1 and "rows 30" not in output, output
-    assert "DataLoader worker" in output and "Terminated" in output, output
+    # The rank fails fetching its next batch from the dead worker: torch reports the worker's signal, or, when the
+    # worker died while handing a batch over, the lost connection to it. Either way inside the loader's fetch.
+    assert "_next_data" in output, output
+    assert ("DataLoader worker" in output and "Terminated" in output) or "ConnectionResetError" in output, output
     assert read_preemption(tmp_path / "progress") is None
 
 

@@ -1,4 +1,4 @@
-"""Elastic torchrun (``launch.min_nnodes``) losing one of two nodes, for real: two local launchers, each with
+"""Elastic torchrun (``launch.min_nnodes``) losing one of two nodes, for real: two local places, each with
 its own torchrun agent, one in a network namespace (a second machine: its own address and ``/dev/shm``),
 joined by the c10d rendezvous; one rank per node, a loader worker per rank, the job folder shared as the docs
 ask. Mid-epoch, every process of the second node is SIGKILLed. The first node's rank sees its peer's death

@@ -29,7 +29,7 @@ def test_preload_in_background_imports_on_its_own_thread():
 
 
 def test_a_deferred_preload_waits_for_its_event_and_runs_at_low_priority(monkeypatch, tmp_path):
-    """make demo's: nothing imported until the train task waits for its ranks (the supervisor's WAITING),
+    """make demo's: nothing imported until the train task has started its ranks (``preload_while_a_job_runs``),
     then on a thread whose own niceness is raised, and its session's while it imports, so that the ranks
     (each in a session of its own) keep the cores; the session's niceness is set back afterwards."""
     import os

@@ -71,7 +71,7 @@ def _modules() -> dict[str, Path]:
 # module) and from units on lower layers. Nothing on a layer knows what stands above it.
 LAYERS = [
     ["pipeline.errors"],
-    ["pipeline.deployment", "pipeline.process_table", "pipeline.fast_exit", "pipeline.network", "pipeline.phases",
+    ["pipeline.deployment", "pipeline.process_table", "pipeline.fast_exit", "pipeline.network", "pipeline.stopwatch",
      "pipeline.diskspace", "pipeline.config_fields", "pipeline.results", "pipeline.job_files"],  # job folder contract
     ["pipeline.config", "pipeline.toolchains"],
     ["pipeline.data", "pipeline.registry", "pipeline.evaluate"],

@@ -48,10 +48,6 @@ def test_backfill_of_a_paused_dag_warns_and_names_the_catch_up(monkeypatch):
     assert airflow_cli.paused_backfill_warning(["dags", "list"]) is None
 
 
-def test_a_dag_the_metadata_db_does_not_know_is_not_paused(airflow_db):
-    assert airflow_cli.is_paused("no_such_dag") is False
-
-
 def test_a_run_triggered_by_concurrent_daily_events_trains_on_the_window_ending_at_the_newest_day(tmp_path):
     """A 3-day backfill's events arrived within 0.2 s: the run consumed them and trained on the window
     ending at the middle day, and no run followed for the newest one."""

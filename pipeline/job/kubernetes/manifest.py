@@ -2,7 +2,7 @@
 client's models: an indexed Job of ``launch.nnodes`` pods and a headless Service that gives pod 0 a
 stable DNS name (the Kubeflow Trainer / JobSet shape).
 
-Each pod runs ``torchrun`` over the same entry the local launcher runs, configured by the ``PET_*``
+Each pod runs ``torchrun`` over the same entry the local place runs, configured by the ``PET_*``
 variables torchrun reads: ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK`` (the pod's
 completion index, from the ``batch.kubernetes.io/job-completion-index`` annotation),
 ``PET_MASTER_ADDR`` (pod 0: ``JOB-0.SERVICE``) and ``PET_MASTER_PORT``: torchrun's static rendezvous,
@@ -167,7 +167,7 @@ def check(launch: LaunchConfig, job_dir: str) -> None:
     kube = launch.kubernetes
     if launch.min_nnodes:
         raise ConfigError(f"launch.min_nnodes={launch.min_nnodes}: the Kubernetes place runs an indexed Job of exactly "
-                          f"launch.nnodes pods; elastic jobs run on the local launcher or on Ray")
+                          f"launch.nnodes pods; elastic jobs run on the local place or on Ray")
     check_job_folder(kube, job_dir)
 
 

@@ -46,7 +46,7 @@ def manifests_for(attempt: Attempt) -> Manifests:
 
 
 class Cluster:
-    """The few API calls the launcher makes (the Role in the README grants exactly these)."""
+    """The few API calls the Kubernetes place makes (the Role in the README grants exactly these)."""
 
     def __init__(self, client):
         from kubernetes import client as k8s

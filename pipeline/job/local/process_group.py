@@ -34,7 +34,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 def _prctl(option: int, value: int) -> bool:
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):  # not Linux: the launcher's own stop path still applies
+    except (OSError, AttributeError):  # not Linux: the supervisor's own stop path still applies
         return False
 
 

@@ -2,7 +2,7 @@
 launcher, the catalogue's item embeddings, packaging, and the held-out interactions evaluation scores.
 
 Lightning does not start processes here: ``Trainer(strategy="ddp", devices=LOCAL_WORLD_SIZE,
-num_nodes=...)`` joins the process group the launcher's torchrun set up, and reads the data through the
+num_nodes=...)`` joins the process group the place's torchrun set up, and reads the data through the
 pipeline's resumable StreamingDataset loaders (its own distributed sampler off). The run context
 reaches it as one callback (``pipeline.train.callbacks.lightning_callback``): heartbeats for the stall
 watchdog, progress lines, metrics to MLflow, and checkpoints in the job's store, which a restarted rank
@@ -127,7 +127,7 @@ def lightning_module(cfg, model: TwoTower):
 
 
 def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
-    """Every rank: fit with Lightning's DDP inside the launcher's process group; rank 0 exports."""
+    """Every rank: fit with Lightning's DDP inside the process group torchrun set up; rank 0 exports."""
     from pipeline.train.callbacks import last_lightning_checkpoint, lightning_callback, scalar_metrics
 
     _quiet_lightning()
