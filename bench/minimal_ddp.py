@@ -7,8 +7,6 @@ validation pass per epoch, as a user would write it. Run under torchrun; rank 0 
 
 import argparse
 import json
-import math
-import os
 import time
 from pathlib import Path
 

@@ -4,7 +4,6 @@ packing, chat templates, bad input, and the tokenizer's files in the dataset ver
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
 

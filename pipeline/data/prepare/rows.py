@@ -19,7 +19,6 @@ def conform(batch: Batch, plan: Plan):
     problem per row, in row order."""
     import pyarrow as pa
 
-    n = batch.table.num_rows
     problems: dict[int, tuple[str, str]] = {}
 
     def flag(mask: np.ndarray, column: str, describe) -> None:
