@@ -40,9 +40,11 @@ class DataConfig:
         "hash", "How rows go to train/val/test. hash: by a hash of key_column (or the row position), in the "
         "fractions below; time: the newest val_fraction and test_fraction of rows by time_column, from cut-offs "
         "over the whole input; last_per_group: each group_column value's newest test_per_group rows by "
-        "time_column go to test and the val_per_group before them to val.",
-        choices=["hash", "time", "last_per_group"],
-    )
+        "time_column go to test and the val_per_group before them to val; files: the rows of the files "
+        "test_files names are test (a data set's own), the rest train and val by the hash.",
+        choices=["hash", "time", "last_per_group", "files"])
+    test_files: list[str] = config_field([], "split_by=files: shell patterns (t10k-*, test/*) of the input files "
+                                         "that hold the test split, matched to each path under input_path and name.")
     time_column: str = config_field("", "Numeric column of event times (e.g. epoch seconds) that time splits order rows by.")
     group_column: str = config_field("", "Column whose values (e.g. users) last_per_group holds out the newest rows of.")
     val_per_group: int = config_field(1, "last_per_group: each group's rows held out for validation.", min=0, max=1000)
@@ -50,9 +52,8 @@ class DataConfig:
     val_fraction: float = config_field(0.1, "Fraction of rows in the validation split.", min=0.0, max=0.5)
     test_fraction: float = config_field(0.1, "Fraction of rows in the test split.", min=0.01, max=0.5)
     split_seed: int = config_field(0, "Salt of the split hash; change it to draw other splits.", min=0)
-    shard_size_limit_bytes: int = config_field(
-        1 << 26, "Largest MDS shard before compression.", min=1 << 10, max=1 << 32
-    )
+    shard_size_limit_bytes: int = config_field(1 << 26, "Largest MDS shard before compression.", min=1 << 10,
+                                               max=1 << 32)
     compression: str = config_field("zstd", "MDS shard compression.", choices=["zstd", "gz", "bz2", "none"])
     batch_rows: int = config_field(65_536, "Rows per Arrow record batch read from the input.", min=1)
     column_encodings: list[str] = config_field(
@@ -80,9 +81,8 @@ class DataConfig:
         "the worker count.", min=1,
     )
     partition_key: str = config_field("dt", "Hive partition key (folders KEY=DATE) that a DAG run's data interval selects.")
-    window_intervals: int = config_field(
-        3, "Intervals of daily datasets an asset-triggered training run reads, newest last.", min=1, max=366
-    )
+    window_intervals: int = config_field(3, "Intervals of daily datasets an asset-triggered training run reads, "
+                                         "newest last.", min=1, max=366)
     transform: str = config_field(
         "", "Row transform run by the preparation after validation (module:ATTR of a factory taking this data "
         "config, see pipeline.data.prepare.transform), e.g. a recipe's tokenization; empty stores the validated rows."

@@ -1,7 +1,7 @@
 """Data, by what it does: writing a version from raw sources (``prepare``: validated, versioned MDS datasets with a
 manifest), published versions and their checks (``versions``), and reading them for training (``read``); beside
-them image decoding (``images``), the demo's synthetic inputs (``demo``) and streaming imported without its
-dataset zoo (``streaming_import``)."""
+them image decoding (``images``), the demo's synthetic inputs (``demo``), real data sets that system packages
+ship (``packaged``) and streaming imported without its dataset zoo (``streaming_import``)."""
 
 from __future__ import annotations
 

@@ -145,5 +145,5 @@ def test_a_rank_finds_its_recipe_in_the_config_and_its_job_folder_in_the_environ
     with pytest.raises(ConfigError, match="--recipe tabular_mlp: the config .* is of the two_tower recipe"):
         resolve(parse_args(["--config", str(config), "--recipe", "tabular_mlp", "--dataset", "d"]))
     monkeypatch.delenv("PIPELINE_JOB_DIR")
-    with pytest.raises(ConfigError, match="needs --out DIR when no launcher exported PIPELINE_JOB_DIR"):
+    with pytest.raises(ConfigError, match="needs --out DIR when no place exported PIPELINE_JOB_DIR"):
         resolve(parse_args(["--config", str(config), "--dataset", "d"]))

@@ -187,16 +187,18 @@ def convert_unit(plan: Plan, unit: Unit, tmp: str) -> dict[str, Any]:
             good = np.ones(n, bool)
             good[[r for r, _, _ in problems]] = False
             table = table.filter(pa.array(good))
-            keys = batch.keys[good]
         else:
-            keys = batch.keys
+            good = np.ones(n, bool)
+        keys = batch.keys[good]
         if plan.key_column:
             keys = key_hashes(table.column(plan.key_column).to_pylist())
         if plan.time_split is not None:
             codes = plan.time_split.assign(table)
         else:
             codes = splits.assign(keys, seed=plan.split_seed, val_fraction=plan.val_fraction,
-                                  test_fraction=plan.test_fraction)
+                                  test_fraction=0.0 if plan.file_split else plan.test_fraction)
+            if plan.file_split is not None:
+                codes[plan.file_split.test_rows(batch, unit.files)[good]] = 2
         _update_stats(stats, table, codes == 0, plan)
         if plan.transform is not None:
             rows = np.flatnonzero(good) if problems else np.arange(n)

@@ -84,6 +84,7 @@ class Plan:
     # ``encodings`` are of the columns it returns.
     transform: Any = None
     time_split: Any = None  # a splits.TimeSplit when data.split_by is time or last_per_group
+    file_split: Any = None  # a splits.FileSplit when data.split_by is files
 
     def schema(self) -> dict[str, Any]:
         schema = {k: v for k, v in asdict(self).items() if k in (

@@ -215,6 +215,7 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
                      "quarantine": QUARANTINE if quarantine else None},
         "sample_rows": sample_rows,
         **({"time_split": plan.time_split.describe()} if plan.time_split is not None else {}),
+        **({"file_split": plan.file_split.describe()} if plan.file_split is not None else {}),
         **({"transform": _sum_counts(results)} if plan.transform is not None else {}),
         "workers": workers,  # the processes that converted, this one included
         "units": len(results),

@@ -140,6 +140,7 @@ def infer_plan(inp: Input, units: list[Unit], cfg: DataConfig, transform: Any = 
         compression=None if cfg.compression == "none" else cfg.compression, size_limit=cfg.shard_size_limit_bytes,
         batch_rows=cfg.batch_rows, parent_pid=os.getpid(),
         time_split=splits.plan_time_split(cfg, inp, units, origin) if time_split else None,
+        file_split=splits.plan_file_split(cfg, inp),
     )
 
 

@@ -1,8 +1,10 @@
-"""Deterministic train/val/test assignment: by a hash of a key (or the row position), or by time."""
+"""Deterministic train/val/test assignment: by a hash of a key (or the row position), by time, or by input file."""
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -89,11 +91,49 @@ def _array(column):
     return column.combine_chunks() if hasattr(column, "combine_chunks") else column
 
 
+@dataclass(frozen=True)
+class FileSplit:
+    """``data.split_by=files``: the rows of the input files that match ``test_files`` are the test split; the other
+    files' rows go to train and val by the hash (``assign`` with no test fraction)."""
+
+    test_files: tuple[str, ...]
+
+    def is_test(self, relpath: str) -> bool:
+        name = PurePosixPath(relpath).name
+        return any(fnmatch.fnmatchcase(relpath, p) or fnmatch.fnmatchcase(name, p) for p in self.test_files)
+
+    def test_rows(self, batch, files) -> np.ndarray:
+        """Per row of ``batch`` (a ``plan.Batch`` read from ``files``, the unit's ``SourceFile``s): from a test file."""
+        relpath = {f.uri: f.relpath for f in files}
+        test = np.array([self.is_test(relpath[origin]) for origin in batch.origins], dtype=bool)
+        return test if batch.first_row < 0 else np.full(batch.table.num_rows, bool(test[0]))
+
+    def describe(self) -> dict[str, Any]:
+        return {"by": "files", "test_files": list(self.test_files)}
+
+
+def plan_file_split(cfg, inp) -> FileSplit | None:
+    """The file split ``cfg`` asks for, checked against the input's files: some, not all, hold the test split."""
+    if cfg.split_by != "files":
+        return None
+    if not cfg.test_files:
+        raise ConfigError("data.split_by='files' needs data.test_files: patterns of the input files that hold the "
+                          "test split (for example t10k-*)")
+    split = FileSplit(tuple(cfg.test_files))
+    names = [f.relpath for f in inp.files]
+    test = [n for n in names if split.is_test(n)]
+    if not test or len(test) == len(names):
+        raise DataError(f"data.test_files {list(cfg.test_files)} match {'no' if not test else 'every'} input file of "
+                        f"{inp.root} (the files: {names[:10]}{' ...' if len(names) > 10 else ''}); expected some "
+                        f"files for test and the rest for train and val")
+    return split
+
+
 def check_time_split(cfg, schema, origin: str) -> bool:
     """Whether ``cfg`` splits by time; its columns checked against the input's Arrow ``schema``."""
     import pyarrow as pa
 
-    if cfg.split_by == "hash":
+    if cfg.split_by in ("hash", "files"):
         return False
     if not cfg.time_column:
         raise ConfigError(f"data.split_by={cfg.split_by!r} needs data.time_column: the column of event times")

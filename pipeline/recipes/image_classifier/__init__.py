@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from pipeline.config import ModelConfig, PipelineConfig
 from pipeline.config_fields import config_field
+from pipeline.data.packaged import FASHION_MNIST_CLASSES
 from pipeline.evaluate.directions import CLASSIFICATION
 from pipeline.recipes.base import Recipe
 
@@ -41,9 +42,9 @@ class ImageConfig(PipelineConfig):
 
 
 def _write_demo(path) -> None:
-    from pipeline.data import demo
+    from pipeline.data import packaged
 
-    demo.write_digits_idx(path)  # scikit-learn's 1,797 8x8 digits
+    packaged.link_files(packaged.FASHION_MNIST, path)  # Debian's dataset-fashion-mnist, installed when missing
 
 
 RECIPE = Recipe(
@@ -55,7 +56,9 @@ RECIPE = Recipe(
         "train.warmup_steps": 10, "train.log_every_steps": 20,
     },
     variants={
-        "demo": {"train.epochs": 15},
+        # Fashion-MNIST (make demo): its own 10,000 test images are the test split.
+        "demo": {"train.epochs": 8, "model.widths": [16, 32, 64], "model.augment": False, "data.split_by": "files",
+                 "data.test_files": ["t10k-*"], "data.val_fraction": 0.05, "model.class_names": FASHION_MNIST_CLASSES},
         "tiny": {"train.epochs": 2, "train.batch_size": 16, "model.widths": [8, 16], "train.log_every_steps": 5,
                  "data.shard_size_limit_bytes": 1 << 14},
     },
@@ -67,7 +70,7 @@ RECIPE = Recipe(
         "augment": "model.augment",
     },
     train_spec="pipeline.recipes.image_classifier.train:SPEC",
-    demo_path="digits",
+    demo_path="fashion-mnist",
     write_demo=_write_demo,
     tags=("ddp", "images"),
 )
