@@ -79,9 +79,10 @@ def _stop(server: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def for_ranks(spec):
     """``spec`` (a ``JobSpec``) as its ranks should see MLflow: a local toolchain job whose tracking URI is a
-    store, not a server, gets a server for its duration (the ranks' ``MLFLOW_TRACKING_URI``)."""
+    store, not a server, gets a server for its duration (the ranks' ``MLFLOW_TRACKING_URI``). A toolchain's job is
+    told by its own interpreter (``spec.python``, which ``pipeline.job.spec.resolve`` sets for a local one)."""
     uri = spec.env.get("MLFLOW_TRACKING_URI") or deployment.mlflow_tracking_uri()
-    if not spec.toolchain or spec.launch.kind != "local" or is_server(uri):
+    if spec.python is None or spec.launch.kind != "local" or is_server(uri):
         yield spec
         return
     import dataclasses

@@ -127,7 +127,8 @@ def test_ranks_with_another_mlflow_get_a_server_over_the_jobs_store(tmp_path, mo
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("PIPELINE_MLFLOW_ARTIFACTS", (tmp_path / "artifacts").as_uri())
-    spec = JobSpec(entry=["t.py"], job_dir=tmp_path / "job", toolchain="unsloth", env={"MLFLOW_TRACKING_URI": store})
+    # As pipeline.job.spec.resolve leaves a local toolchain's job: its own interpreter set, the toolchain settled.
+    spec = JobSpec(entry=["t.py"], job_dir=tmp_path / "job", python=sys.executable, env={"MLFLOW_TRACKING_URI": store})
     with tracking_server.for_ranks(spec) as served:
         url = served.env["MLFLOW_TRACKING_URI"]
         assert url.startswith("http://127.0.0.1:")
@@ -139,7 +140,7 @@ def test_ranks_with_another_mlflow_get_a_server_over_the_jobs_store(tmp_path, mo
 
     assert not http_ok(f"{url}/health")  # stopped with the job
     for unchanged in (JobSpec(entry=["t.py"], job_dir=tmp_path, env={"MLFLOW_TRACKING_URI": store}),  # no toolchain
-                      JobSpec(entry=["t.py"], job_dir=tmp_path, toolchain="unsloth",
+                      JobSpec(entry=["t.py"], job_dir=tmp_path, python=sys.executable,
                               env={"MLFLOW_TRACKING_URI": "http://mlflow:5000"})):
         with tracking_server.for_ranks(unchanged) as same:
             assert same is unchanged
