@@ -3,7 +3,11 @@
 Ray Data has no MDS reader: the dataset is the published version's row ranges (``ray.data.from_items``, no
 read tasks to schedule), read by Ray Data tasks (``read_rows``) from the version's MDS shards with the same
 decoder as the default reader (so the same columns and checks), each worker process opening the split
-once and keeping it for the next epochs. Rank 0 splits it across the workers once
+once and keeping it for the next epochs. A split whose decoded rows fit in ``MATERIALIZE_FRACTION`` of the
+cluster's object store is read once and kept there (``materialize``): each later epoch streams its blocks from
+memory instead of reading and decoding the shards again, and the epochs start without waiting for read tasks
+(``bench/ray_vs_torchrun.py``: 0.56x of torchrun's samples/s read every epoch, 0.79x kept). Rank 0 splits it
+across the workers once
 (``streaming_split(equal=True)``: every rank gets the same number of rows) and hands each rank its
 iterator; batches come from ``iter_torch_batches`` with the recipe's transform as ``collate_fn``.
 
@@ -26,6 +30,7 @@ from pipeline.errors import ConfigError
 ROWS_PER_READ = 1024
 READER_CPUS = 0.25  # the reading actor's reservation: training workers hold the rest of a small node
 SHUFFLE_BUFFER_BATCHES = 4
+MATERIALIZE_FRACTION = 0.25  # of the cluster's object store: a split that fits is read once, not every epoch
 
 
 @functools.lru_cache(maxsize=4)
@@ -121,6 +126,8 @@ def ray_loader(data, split: str, *, batch_size: int, shuffle: bool, seed: int,
             read_rows, fn_kwargs={"dirs": tuple(str(d) for d in data.dirs), "split": split,
                                   "cache_dir": str(data.cache_dir / "ray")},
             batch_size=1, batch_format="numpy", num_cpus=READER_CPUS)
+        if _fits_in_object_store(data, split, rows):
+            dataset = dataset.materialize()
         iterators = dataset.streaming_split(world, equal=True)
     if world > 1:
         holder = [iterators]
@@ -128,3 +135,16 @@ def ray_loader(data, split: str, *, batch_size: int, shuffle: bool, seed: int,
         iterators = holder[0]
     return RayDataLoader(iterators[rank], rows=rows // world, world_size=world, batch_size=batch_size,
                          shuffle=shuffle, seed=seed, transform=transform)
+
+
+def _fits_in_object_store(data, split: str, rows: int) -> bool:
+    """Whether ``split``'s decoded rows (the first row's bytes times the rows) fit in ``MATERIALIZE_FRACTION`` of
+    the Ray cluster's object store."""
+    import ray
+
+    if rows == 0:
+        return False
+    first = data.shards(split).read(np.arange(1))
+    row_bytes = sum(np.asarray(values).nbytes for values in first.values())
+    store = ray.cluster_resources().get("object_store_memory", 0)
+    return row_bytes * rows <= MATERIALIZE_FRACTION * store
