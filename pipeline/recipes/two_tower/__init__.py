@@ -52,9 +52,17 @@ class TwoTowerConfig(PipelineConfig):
 
 
 def _write_demo(path) -> None:
-    from pipeline.recipes.two_tower.synthetic import write_interactions
+    from pipeline.data import packaged
 
-    write_interactions(path)
+    packaged.movielens_100k(path)  # from the recbole wheel on PyPI, at demo time: never committed
+
+
+# MovieLens 100K (make demo): each user's newest rating is the test split, the one before it validation.
+MOVIELENS = {
+    "data.categorical_columns": ["user_id", "item_id", "user_gender", "user_occupation", "item_genre"],
+    "model.user_features": ["user_age", "user_gender", "user_occupation"],
+    "model.item_features": ["item_genre", "item_year"],
+}
 
 
 RECIPE = Recipe(
@@ -69,7 +77,7 @@ RECIPE = Recipe(
         "train.log_every_steps": 50, "train.checkpoint_every_steps": 100,
     },
     variants={
-        "demo": {},
+        "demo": MOVIELENS,
         "tiny": {"train.epochs": 3, "train.batch_size": 64, "train.log_every_steps": 5,
                  "train.checkpoint_every_steps": 10, "model.user_tower": [32], "model.item_tower": [32],
                  "model.embedding_dim": 16, "model.id_embedding_dim": 16},
@@ -83,7 +91,7 @@ RECIPE = Recipe(
         "logq_correction": "model.logq_correction",
     },
     train_spec="pipeline.recipes.two_tower.train:SPEC",
-    demo_path="interactions/interactions.parquet",
+    demo_path="movielens-100k/interactions.parquet",
     write_demo=_write_demo,
     tags=("ddp", "lightning", "recommender"),
 )
