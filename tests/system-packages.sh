@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages the tests use: the Compose tool (docker-compose.yml checks), a headless browser with
-# its driver (the UI tests) and Fashion-MNIST (the image recipe's real data, pipeline/data/packaged.py). Installed when missing (as root, or through sudo); `make test` runs this first.
+# its driver (the UI tests) and Fashion-MNIST (the image recipe's real data, pipeline/data/packaged.py).
+# Installed when missing (as root, or through sudo); `make test` runs this first.
 set -euo pipefail
 missing=()
 command -v docker-compose >/dev/null || missing+=(docker-compose)

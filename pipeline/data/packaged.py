@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
@@ -26,9 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import DataError
-
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class DebianData:
@@ -62,7 +58,6 @@ def debian_folder(data: DebianData) -> Path:
     if shutil.which("apt-get") is None:
         raise DataError(f"{data.folder}: the Debian package {data.package} is not installed and this system has no "
                         f"apt-get; install {data.package} (or put its files {list(data.files)} there) and try again")
-    log.info("installing the Debian package %s (%s)", data.package, data.folder)
     print(f"installing the Debian package {data.package} for {data.folder}", flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     done = subprocess.run(command, env=env, capture_output=True, text=True)

@@ -177,6 +177,7 @@ def convert_unit(plan: Plan, unit: Unit, tmp: str) -> dict[str, Any]:
         check_columns(batch.table.schema.names, plan.columns, batch.origins[0])
         table, problems = conform(batch, plan)
         read += n
+        good = np.ones(n, bool)
         if problems:
             if plan.on_bad_rows == "fail":
                 row, column, problem = problems[0]
@@ -184,19 +185,16 @@ def convert_unit(plan: Plan, unit: Unit, tmp: str) -> dict[str, Any]:
             bad += len(problems)
             bad_examples += [f"{batch.where(r)}, column {c!r}: {p}" for r, c, p in problems[:BAD_EXAMPLES]]
             quarantined.append(quarantine_rows(batch, problems))
-            good = np.ones(n, bool)
             good[[r for r, _, _ in problems]] = False
             table = table.filter(pa.array(good))
-        else:
-            good = np.ones(n, bool)
-        keys = batch.keys[good]
+        keys = batch.keys[good] if problems else batch.keys
         if plan.key_column:
             keys = key_hashes(table.column(plan.key_column).to_pylist())
         if plan.time_split is not None:
             codes = plan.time_split.assign(table)
         else:
             codes = splits.assign(keys, seed=plan.split_seed, val_fraction=plan.val_fraction,
-                                  test_fraction=0.0 if plan.file_split else plan.test_fraction)
+                                  test_fraction=0.0 if plan.file_split is not None else plan.test_fraction)
             if plan.file_split is not None:
                 codes[plan.file_split.test_rows(batch, unit.files)[good]] = 2
         _update_stats(stats, table, codes == 0, plan)
