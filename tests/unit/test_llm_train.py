@@ -55,6 +55,8 @@ def test_lora_trains_adapters_only_and_a_wrong_module_name_is_refused(data):
     assert not any("lora_" in n for n, _ in merged.named_parameters())
     with pytest.raises(ConfigError, match=r"lora_target_modules: \['query'\] name no module.*q_proj"):
         hooks.build_model(_cfg(**{"model.lora": True, "model.lora_target_modules": ["query"]}), data)
+    with pytest.raises(ConfigError, match=r"lora_layers=\[0, 3\]: the model has 1 decoder layers; expected indices in 0..0"):
+        hooks.build_model(_cfg(**{"model.lora": True, "model.lora_layers": [0, 3]}), data)
 
 
 def test_a_pretrained_path_must_be_a_local_checkpoint_and_one_loads(data, tmp_path):

@@ -50,8 +50,9 @@ class LlmDataConfig(DataConfig):
 @dataclass(kw_only=True)
 class LlmModelConfig(ModelConfig):
     pretrained_path: str = config_field(
-        "", "Local folder of a causal-LM checkpoint (AutoModelForCausalLM); empty builds a Llama-style model from "
-        "the fields below. A hub name is refused: nothing is fetched at run time.",
+        "", "Local folder of a causal-LM checkpoint (AutoModelForCausalLM); relative paths are taken from the folder "
+        "of data.input_path; empty builds a Llama-style model from the fields below. A hub name is refused: nothing "
+        "is fetched at run time.",
     )
     hidden_size: int = config_field(64, "Width of the Llama-style model built from a config.", min=8, max=65_536)
     num_layers: int = config_field(2, "Decoder layers of the model built from a config.", min=1, max=256)
@@ -67,6 +68,9 @@ class LlmModelConfig(ModelConfig):
     lora_dropout: float = config_field(0.05, "Dropout on the LoRA path.", min=0.0, max=0.9)
     lora_target_modules: list[str] = config_field(
         ["q_proj", "k_proj", "v_proj", "o_proj"], "Module names that get LoRA adapters.")
+    lora_layers: list[int] = config_field(
+        [], "Decoder layers (indices from 0) that get LoRA adapters; empty: every layer. Adapting only the upper "
+        "layers spares the backward pass through the lower ones.")
     gradient_checkpointing: bool = config_field(False, "Recompute activations in the backward pass (less memory).")
     compile: bool = config_field(False, "torch.compile the model (GPUs; the first steps compile).")
     eval_max_new_tokens: int = config_field(16, "Tokens generated per held-out prompt for exact match.", min=1, max=4096)
@@ -87,26 +91,31 @@ class LlmConfig(PipelineConfig):
 def _write_demo(path) -> None:
     from pipeline.recipes.llm_sft import demo
 
-    demo.write_addition(path)
+    demo.write_wordnet_pos(path)
 
 
 RECIPE = Recipe(
     name=NAME,
     description="Causal-LM supervised fine-tuning (transformers; full or LoRA), tokenized MDS, mlflow.transformers.",
     config_class=LlmConfig,
+    # SmolLM2-135M-Instruct with LoRA on its upper 15 of 30 layers, on parts of speech from WordNet's example
+    # sentences (make demo), the checkpoint and its tokenizer beside the questions; the split holds out whole words.
     defaults={
-        "data.tokenizer_path": "tokenizer", "train.epochs": 3, "train.batch_size": 16, "train.learning_rate": 3e-4,
-        "train.weight_decay": 0.0, "train.lr_schedule": "cosine", "train.warmup_steps": 20,
-        "train.log_every_steps": 20, "evaluate.min_improvement": 0.0,
+        "data.tokenizer_path": "SmolLM2-135M-Instruct", "model.pretrained_path": "SmolLM2-135M-Instruct",
+        "model.lora": True, "model.lora_layers": list(range(15, 30)), "data.key_column": "word",
+        "data.max_seq_len": 128, "data.val_fraction": 0.05,
+        "train.epochs": 1, "train.batch_size": 8, "train.learning_rate": 1e-3, "train.weight_decay": 0.0,
+        "train.lr_schedule": "cosine", "train.warmup_steps": 10, "train.log_every_steps": 10,
+        "model.eval_max_new_tokens": 4, "model.eval_batch_size": 32, "evaluate.min_improvement": 0.0,
     },
     variants={
-        # The addition demo: ~1,200 steps (2 ranks x 32 rows) of a 150k-parameter model learn held-out sums.
-        "demo": {"data.max_seq_len": 16, "train.epochs": 12, "train.batch_size": 32, "train.learning_rate": 3e-3,
-                 "train.warmup_steps": 30, "train.log_every_steps": 100, "train.checkpoint_every_steps": 0,
-                 "model.eval_max_new_tokens": 4, "model.eval_batch_size": 256},
-        "tiny": {"data.max_seq_len": 16, "train.epochs": 1, "train.batch_size": 16, "train.learning_rate": 3e-3,
+        "demo": {},
+        # The tests' additions (demo.write_addition) with their own tokenizer and a tiny model built from a config.
+        "tiny": {"data.tokenizer_path": "tokenizer", "model.pretrained_path": "", "model.lora": False,
+                 "model.lora_layers": [], "data.key_column": "", "data.val_fraction": 0.1, "data.max_seq_len": 16,
+                 "train.batch_size": 16, "train.learning_rate": 3e-3, "train.warmup_steps": 20,
                  "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_layers": 1,
-                 "train.log_every_steps": 10, "model.eval_max_new_tokens": 4, "model.eval_max_examples": 64,
+                 "model.eval_max_new_tokens": 4, "model.eval_max_examples": 64, "model.eval_batch_size": 64,
                  "data.shard_size_limit_bytes": 1 << 14},
     },
     params={
@@ -119,7 +128,7 @@ RECIPE = Recipe(
         "lora_rank": "model.lora_rank",
     },
     train_spec="pipeline.recipes.llm_sft.train:SPEC",
-    demo_path="llm_sft_addition/addition.jsonl",
+    demo_path="wordnet-pos/questions.jsonl",
     write_demo=_write_demo,
     tags=("ddp", "llm", "transformers"),
 )

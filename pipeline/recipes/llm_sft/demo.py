@@ -1,10 +1,19 @@
-"""The offline demo's input: two-digit additions as prompt/response rows ("12+34=" -> "46") and a tokenizer
-trained on them in-process (byte-level BPE, one token per digit), written beside the rows."""
+"""The recipe's inputs without a hub.
+
+- ``write_wordnet_pos`` (``make demo``): a question per word of a WordNet example sentence, "which part of
+  speech is WORD in SENTENCE?", answered noun, verb, adjective or adverb, beside SmolLM2-135M-Instruct
+  (``pipeline.data.packaged``) to fine-tune.
+- ``write_addition`` (the tests' ``tiny`` runs): two-digit additions as prompt/response rows ("12+34=" -> "46")
+  and a tokenizer trained on them in-process (byte-level BPE, one token per digit), written beside the rows.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+from collections import defaultdict
 from pathlib import Path
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
@@ -49,6 +58,50 @@ def write_addition(path: Path, *, rows: int | None = None, seed: int = 0) -> Pat
     train_tokenizer([r["prompt"] + r["response"] for r in data], path.parent / "tokenizer")
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in data))
+    tmp.replace(path)
+    return path
+
+
+MODEL_FOLDER = "SmolLM2-135M-Instruct"  # beside the questions: a link to the converted checkpoint, kept in the home
+POS_QUESTION = 'Part of speech of "{word}" in "{sentence}"? Answer noun, verb, adjective or adverb.'
+
+
+def wordnet_pos_rows(per_class: int, seed: int = 0) -> list[dict[str, str]]:
+    """``per_class`` questions for each part of speech, shuffled: a word of a WordNet sense in one of the sense's
+    example sentences (whole words, any case), the sense's part of speech the answer. ``word`` is kept: the
+    split holds out whole words (``data.key_column``), so no test word is seen in training."""
+    from pipeline.data import packaged
+
+    by_pos: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for sense in packaged.wordnet_senses():
+        for word in sense.words:
+            sentence = next((e for e in sense.examples if re.search(rf"\b{re.escape(word)}\b", e, re.IGNORECASE)), None)
+            if sentence is not None:
+                by_pos[sense.pos].append({"prompt": POS_QUESTION.format(word=word, sentence=sentence),
+                                          "response": sense.pos, "word": word.lower()})
+    rng = random.Random(seed)
+    rows = []
+    for pos in sorted(by_pos):
+        rows += rng.sample(by_pos[pos], min(per_class, len(by_pos[pos])))
+    rng.shuffle(rows)
+    return rows
+
+
+def write_wordnet_pos(path: Path, *, per_class: int = 450, seed: int = 0) -> Path:
+    """The questions as JSON Lines at ``path`` and, beside them, ``SmolLM2-135M-Instruct``: a link to the
+    checkpoint converted once into ``$PIPELINE_HOME/models/``."""
+    from pipeline import deployment
+    from pipeline.data import packaged
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = packaged.smollm2_135m_instruct(deployment.home() / "models" / MODEL_FOLDER)
+    link = path.parent / MODEL_FOLDER
+    if not link.exists():
+        os.symlink(model, link, target_is_directory=True)
+    rows = wordnet_pos_rows(per_class, seed)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.replace(path)
     return path
 

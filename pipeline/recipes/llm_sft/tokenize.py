@@ -22,15 +22,20 @@ from pipeline.evaluate.language_model import IGNORE_INDEX
 TOKENIZER = "tokenizer"  # the name of the tokenizer among the transform's files (transform/tokenizer in a version)
 
 
-def resolve_tokenizer_path(tokenizer_path: str, input_path: str) -> Path:
-    """``data.tokenizer_path`` as a local folder (relative to ``data.input_path``'s folder); a hub name is refused."""
+def beside_input(folder: str, input_path: str) -> Path:
+    """A local folder a field names: an absolute path as is, a relative one taken from ``data.input_path``'s folder
+    (where a data set keeps its tokenizer or model, as the demo does)."""
     from pipeline.data import local_path
 
+    path = Path(folder)
+    return path if path.is_absolute() else local_path(input_path).parent / path
+
+
+def resolve_tokenizer_path(tokenizer_path: str, input_path: str) -> Path:
+    """``data.tokenizer_path`` as a local folder (relative to ``data.input_path``'s folder); a hub name is refused."""
     if not tokenizer_path:
         raise ConfigError("data.tokenizer_path is empty: expected the local folder of a Hugging Face tokenizer")
-    path = Path(tokenizer_path)
-    if not path.is_absolute():
-        path = local_path(input_path).parent / path
+    path = beside_input(tokenizer_path, input_path)
     if not path.is_dir():
         raise ConfigError(f"data.tokenizer_path={tokenizer_path!r}: {path} is not a local folder; expected a saved "
                           f"tokenizer (tokenizer.json, tokenizer_config.json). Nothing is fetched from a hub.")

@@ -1,5 +1,5 @@
 """The causal LM's hooks for the generic loop: model (local checkpoint or a Llama-style config; LoRA through
-peft), token batches, the completion-only loss, the untrained model's exact match, the export and the
+peft), token batches, the completion-only loss, the exact match and loss before training, the export and the
 ``mlflow.transformers`` package, and the evaluation inputs."""
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import torch.nn.functional as F
 from pipeline.data.read.training_data import TrainingData
 from pipeline.data.prepare.transform import FOLDER
 from pipeline.errors import ConfigError
-from pipeline.evaluate.language_model import EVALUATOR, IGNORE_INDEX, exact_match, generate, uses_chat_template
-from pipeline.recipes.llm_sft.tokenize import TOKENIZER, load_tokenizer
+from pipeline.evaluate.language_model import (EVALUATOR, IGNORE_INDEX, exact_match, generate, token_loss_sum,
+                                              uses_chat_template)
+from pipeline.recipes.llm_sft.tokenize import TOKENIZER, beside_input, load_tokenizer
 from pipeline.registry.package import ModelPackage
 from pipeline.results import TrainedModel
+from pipeline.train.distributed import all_reduce_sum
 from pipeline.train.spec import TrainSpec
 
 MODEL_DIR = "hf_model"
@@ -38,12 +40,12 @@ def build_model(cfg, data: TrainingData):
     mc = cfg.model
     tokenizer = load_tokenizer(tokenizer_dir(data))
     if mc.pretrained_path:
-        path = Path(mc.pretrained_path)
+        path = beside_input(mc.pretrained_path, cfg.data.input_path)
         if not (path / "config.json").is_file():
-            raise ConfigError(f"model.pretrained_path={mc.pretrained_path!r}: not a local checkpoint folder (no "
-                              f"config.json there); nothing is fetched from a hub, so give a local directory")
+            raise ConfigError(f"model.pretrained_path={mc.pretrained_path!r}: {path} is not a local checkpoint folder "
+                              f"(no config.json there); nothing is fetched from a hub, so give a local directory")
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, attn_implementation="sdpa",
-                                                     torch_dtype=torch.float32)
+                                                     dtype=torch.float32)
     else:
         if mc.hidden_size % mc.num_heads or mc.num_heads % mc.num_kv_heads:
             raise ConfigError(f"model.hidden_size={mc.hidden_size}, model.num_heads={mc.num_heads}, model.num_kv_heads="
@@ -71,8 +73,13 @@ def build_model(cfg, data: TrainingData):
         if missing:
             raise ConfigError(f"model.lora_target_modules: {missing} name no module of the model; its linear layers "
                               f"are {sorted({n.rsplit('.', 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})}")
+        layers = model.config.num_hidden_layers
+        if any(not 0 <= i < layers for i in mc.lora_layers):
+            raise ConfigError(f"model.lora_layers={list(mc.lora_layers)}: the model has {layers} decoder layers; "
+                              f"expected indices in 0..{layers - 1}")
         model = get_peft_model(model, LoraConfig(r=mc.lora_rank, lora_alpha=mc.lora_alpha, lora_dropout=mc.lora_dropout,
-                                                 target_modules=list(mc.lora_target_modules), task_type="CAUSAL_LM"))
+                                                 target_modules=list(mc.lora_target_modules), task_type="CAUSAL_LM",
+                                                 layers_to_transform=list(mc.lora_layers) or None))
     if mc.compile:
         model.compile()  # in place: the state dict keeps its keys
     return model
@@ -95,9 +102,15 @@ def batch_transform(cfg, data: TrainingData, train: bool) -> ToTensors:
 
 
 def loss(cfg, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The batch's mean loss per completion token (times the rows: the loop divides by them), and token accuracy."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    """The batch's mean loss per completion token (times the rows: the loop divides by them), and token accuracy.
+
+    The output layer runs only at the positions that predict a completion token in some row (``logits_to_keep``):
+    with a vocabulary of tens of thousands and prompts longer than their answers, it is most of the work else."""
     target = batch["labels"][:, 1:]
+    keep = (target != IGNORE_INDEX).any(0).nonzero().squeeze(1)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   logits_to_keep=keep).logits.float()
+    target = target[:, keep]
     counted = target != IGNORE_INDEX
     tokens = counted.sum().clamp_min(1)
     summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX,
@@ -112,17 +125,22 @@ def tokens(cfg, batch: dict[str, torch.Tensor]) -> int:
 
 
 def baseline(cfg, model, data: TrainingData, dist) -> dict[str, float]:
-    """Exact match of the untrained model on the test split's prompts (every rank reads the split; rank 0 generates)."""
+    """Exact match and token loss of the model before training (untrained, or the pretrained one before its
+    fine-tuning) on the test split, as the evaluation measures them: every rank scores every world_size-th row."""
     columns = data.read_split("test")
-    if not dist.is_main:
-        return {}
     tokenizer = load_tokenizer(tokenizer_dir(data))
     limit = cfg.model.eval_max_examples or len(columns["prompt"])
-    prompts, refs = [str(p) for p in columns["prompt"][:limit]], [str(r) for r in columns["reference"][:limit]]
+    mine = slice(dist.rank, limit, dist.world_size)
+    prompts, refs = [str(p) for p in columns["prompt"][mine]], [str(r) for r in columns["reference"][mine]]
     generated = generate(model, tokenizer, prompts, max_new_tokens=cfg.model.eval_max_new_tokens,
                          batch_size=cfg.model.eval_batch_size, add_special_tokens=not uses_chat_template(tokenizer))
+    rows = slice(dist.rank, None, dist.world_size)
+    loss, tokens = token_loss_sum(model, columns["input_ids"][rows], columns["labels"][rows],
+                                  np.asarray(columns["num_tokens"])[rows], batch_size=cfg.model.eval_batch_size)
     model.train()
-    return {"test_exact_match": exact_match(generated, refs)}
+    matched, scored, loss, tokens = all_reduce_sum(dist, [exact_match(generated, refs) * len(refs), len(refs), loss,
+                                                          tokens])
+    return {"test_exact_match": matched / max(scored, 1), "test_loss": loss / max(tokens, 1)}
 
 
 def export(cfg, model, data: TrainingData, out_dir: Path) -> dict[str, str]:
