@@ -36,8 +36,9 @@ class Evaluator(Protocol):
         ...
 
 
-def predict(model_uri: str, inputs: Any) -> Any:
-    """The output of the registered model at ``model_uri`` for ``inputs``, loaded as its users load it (pyfunc)."""
+def predict(model_uri: str, inputs: Any, params: dict[str, Any] | None = None) -> Any:
+    """The output of the registered model at ``model_uri`` for ``inputs`` (and the request's ``params``), loaded
+    as its users load it (pyfunc)."""
     import mlflow.pyfunc
 
-    return mlflow.pyfunc.load_model(model_uri).predict(inputs)
+    return mlflow.pyfunc.load_model(model_uri).predict(inputs, params=params)

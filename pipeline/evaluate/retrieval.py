@@ -27,6 +27,17 @@ class HeldOut:
     interactions: int
     oov_users: int  # held-out users never seen in training: scored through the unknown-user embedding
     oov_items: int  # held-out interactions with items never seen in training: no model can retrieve them
+    seen: list[set[str]] | None = None  # per user, the items of their training rows, left out of every ranking
+
+    def unseen(self, ranked: list[list[str]]) -> list[list[str]]:
+        """Each user's ranking without the items they interacted with in training (as is, without ``seen``)."""
+        if self.seen is None:
+            return ranked
+        return [[item for item in items if item not in seen] for items, seen in zip(ranked, self.seen)]
+
+    def depth(self, k: int) -> int:
+        """How many items to ask a model for so that ``k`` are left once the user's seen ones are taken out."""
+        return k + max((len(seen) for seen in self.seen), default=0) if self.seen is not None else k
 
     def __len__(self) -> int:
         return len(self.relevant)
@@ -71,18 +82,23 @@ class RetrievalEvaluator:
     baseline = BASELINE
 
     def score(self, model_uri: str, inputs, held: HeldOut, cfg=None) -> dict[str, Any]:
-        """The registered model's metrics on the users in ``inputs``, beside the popularity baseline's."""
-        return self.score_output(predict(model_uri, inputs), held)
+        """The registered model's metrics on the users in ``inputs``, beside the popularity baseline's; the model is
+        asked for enough items (its ``k`` parameter) to rank ``max(KS)`` once each user's seen ones are left out."""
+        k = min(held.depth(max(cfg.model.top_k, max(KS))), held.catalogue_size) if cfg is not None else None
+        return self.score_output(predict(model_uri, inputs, params={"k": k} if k else None), held)
 
     def score_output(self, output, held: HeldOut) -> dict[str, Any]:
-        """The model's metrics, with the popularity baseline's in ``details["baseline"]``, and both over k."""
-        recommended = [list(items) for items in output["item_ids"]]
+        """The model's metrics, with the popularity baseline's in ``details["baseline"]``, and both over k; items a
+        user interacted with in training are left out of both rankings when ``held.seen`` says which."""
+        recommended = held.unseen([list(items) for items in output["item_ids"]])
         if len(recommended) != len(held):
             raise ValueError(f"the model answered {len(recommended)} users, {len(held)} were asked")
         if min((len(r) for r in recommended), default=50) < max(KS):
-            raise ValueError(f"the model returned fewer than {max(KS)} items per user; recall@50 needs model.top_k >= 50")
-        popular = [held.popular] * len(held)
+            raise ValueError(f"the model returned fewer than {max(KS)} items per user (after the ones each user saw in "
+                             f"training); recall@50 needs model.top_k >= 50")
+        popular = held.unseen([held.popular] * len(held))
         details = {"users": len(held), "interactions": held.interactions, "catalogue_size": held.catalogue_size,
+                   "seen_left_out": held.seen is not None,
                    "oov_users": held.oov_users, "oov_items": held.oov_items,
                    "baseline": retrieval_metrics(popular, held.relevant, held.catalogue_size),
                    "at_k": at_k(recommended, held.relevant), "baseline_at_k": at_k(popular, held.relevant)}
@@ -112,7 +128,9 @@ class RetrievalEvaluator:
         facts = (f"{d['users']} users with {d['interactions']} held-out interactions; a catalogue of "
                  f"{d['catalogue_size']} items; out of vocabulary: {d['oov_users']} users, {d['oov_items']} "
                  f"interactions with items unseen in training. The {BASELINE} baseline recommends the training "
-                 f"split's most interacted-with items to everyone.")
+                 f"split's most interacted-with items to everyone."
+                 + (" Every ranking leaves out the items the user interacted with in training."
+                    if d.get("seen_left_out") else ""))
         sections = [Section("Retrieval over k", (facts, Plot("retrieval_at_k", "Recall and NDCG over k", tuple(panels)),
                                                  table))]
         training = training_curves(history, labels)

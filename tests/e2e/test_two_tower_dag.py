@@ -46,3 +46,8 @@ def test_the_recommender_beats_the_popularity_baseline_end_to_end(airflow_db, pi
     answer = predict_in_fresh_interpreter(f"models:/{model}@champion", users, tmp_path, column="item_ids")
     assert len(answer) == 3 and all(len(items) == 100 for items in answer)
     assert all(item.startswith("i") for items in answer for item in items)
+    # A request's k parameter (declared in the signature, model.top_k by default) sets how many come back.
+    import mlflow.pyfunc
+
+    assert [len(items) for items in mlflow.pyfunc.load_model(f"models:/{model}@champion").predict(
+        users, params={"k": 60})["item_ids"]] == [60, 60, 60]

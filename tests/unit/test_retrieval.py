@@ -47,6 +47,20 @@ def test_the_evaluator_scores_the_model_beside_the_popularity_baseline():
         EVALUATOR.score_output(pd.DataFrame({"item_ids": [["p1"], ["q"]]}), held)
 
 
+def test_items_a_user_had_in_training_are_left_out_of_the_model_and_the_baseline_rankings():
+    fillers = [f"z{k}" for k in range(55)]
+    held = HeldOut(relevant=[{"b"}, {"a"}], popular=["a", "b", *fillers], catalogue_size=60, interactions=2,
+                   oov_users=0, oov_items=0, seen=[{"a"}, set()])
+    assert held.depth(50) == 51  # what to ask the model for: 50 left after the one item user 0 saw
+    output = pd.DataFrame({"item_ids": [["a", "b", *fillers], ["b", "a", *fillers]]})
+    scored = EVALUATOR.score_output(output, held)
+    # User 0 saw "a": "b" moves up to first; user 1 saw nothing: "a" stays second.
+    assert scored["metrics"]["ndcg_at_10"] == pytest.approx((1 + 1 / math.log2(3)) / 2)
+    assert scored["details"]["baseline"]["ndcg_at_10"] == 1.0 and scored["details"]["seen_left_out"]
+    plain = EVALUATOR.score_output(output, HeldOut(**{**held.__dict__, "seen": None}))
+    assert plain["metrics"]["ndcg_at_10"] == pytest.approx(1 / math.log2(3))
+
+
 def test_in_batch_softmax_masks_accidental_hits_and_applies_log_q():
     users = torch.nn.functional.normalize(torch.randn(4, 8), dim=1)
     items = torch.nn.functional.normalize(torch.randn(4, 8), dim=1)

@@ -29,6 +29,10 @@ class TwoTowerModelConfig(ModelConfig):
     item_features: list[str] = config_field(
         ["item_category", "item_price"], "Columns describing the item the item tower reads beside the id; "
         "an item's newest training row gives its features.")
+    history_length: int = config_field(
+        0, "The user tower also reads the user's last history_length items before the row's time (the mean of their "
+        "embeddings; data.time_column orders them); 0: no history. A registered model's input rows then carry "
+        "'history', the user's recent item ids, oldest first.", min=0, max=10_000)
     embedding_dim: int = config_field(32, "Size of the user and item embeddings that are compared.", min=2, max=4096)
     id_embedding_dim: int = config_field(32, "Size of the user-id and item-id embeddings.", min=1, max=4096)
     feature_embedding_dim: int = config_field(8, "Size of each categorical feature's embedding.", min=1, max=1024)
@@ -38,6 +42,9 @@ class TwoTowerModelConfig(ModelConfig):
     logq_correction: bool = config_field(
         True, "Subtract log(item frequency) from in-batch logits: in-batch negatives are drawn by popularity, "
         "and without it popular items are over-penalized.")
+    exclude_seen: bool = config_field(
+        True, "Evaluation leaves the items of a user's training rows out of their ranking (and the baseline's), as a "
+        "catalogue that shows a user only what they have not had yet would; false where users come back to items.")
     top_k: int = config_field(100, "Items the registered model returns per user unless the request's params "
                               "say k; evaluation reads recall@50 from it.", min=50, max=100_000)
 
@@ -57,11 +64,13 @@ def _write_demo(path) -> None:
     packaged.movielens_100k(path)  # from the recbole wheel on PyPI, at demo time: never committed
 
 
-# MovieLens 100K (make demo): each user's newest rating is the test split, the one before it validation.
+# MovieLens 100K (make demo): each user's newest rating is the test split, the one before it validation; the
+# user tower reads the user's last 10 films.
 MOVIELENS = {
     "data.categorical_columns": ["user_id", "item_id", "user_gender", "user_occupation", "item_genre"],
     "model.user_features": ["user_age", "user_gender", "user_occupation"],
     "model.item_features": ["item_genre", "item_year"],
+    "model.history_length": 10,
 }
 
 

@@ -9,26 +9,32 @@ from torch import nn
 
 
 class Tower(nn.Module):
-    """(ids [B], categorical codes [B, C], raw numbers [B, N]) -> unit vectors [B, embedding_dim]. Numbers
-    are standardized inside, so that an exported tower takes raw values."""
+    """(ids [B], categorical codes [B, C], raw numbers [B, N][, history [B, H]]) -> unit vectors [B, embedding_dim].
+    Numbers are standardized inside, so that an exported tower takes raw values. With ``history_items``, the
+    tower also reads a row's history, item codes (0: none), as the mean of their embeddings."""
 
     def __init__(self, *, ids: int, vocab_sizes: list[int], numeric: int, mean: list[float], std: list[float],
-                 id_dim: int, feature_dim: int, widths: list[int], out_dim: int):
+                 id_dim: int, feature_dim: int, widths: list[int], out_dim: int, history_items: int = 0):
         super().__init__()
         self.id_embedding = nn.Embedding(ids, id_dim)
+        self.history_embedding = nn.Embedding(history_items, id_dim, padding_idx=0) if history_items else None
         self.feature_embeddings = nn.ModuleList(nn.Embedding(size, feature_dim) for size in vocab_sizes)
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).reshape(numeric))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).clamp_min(1e-6).reshape(numeric))
         layers: list[nn.Module] = []
-        width = id_dim + feature_dim * len(vocab_sizes) + numeric
+        width = id_dim * (2 if history_items else 1) + feature_dim * len(vocab_sizes) + numeric
         for hidden in widths:
             layers += [nn.Linear(width, hidden), nn.ReLU()]
             width = hidden
         layers.append(nn.Linear(width, out_dim))
         self.mlp = nn.Sequential(*layers)
 
-    def forward(self, ids: torch.Tensor, cat: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cat: torch.Tensor, num: torch.Tensor,
+                history: torch.Tensor | None = None) -> torch.Tensor:
         parts = [self.id_embedding(ids)]
+        if self.history_embedding is not None:
+            count = (history != 0).sum(dim=1, keepdim=True).clamp_min(1)
+            parts.append(self.history_embedding(history).sum(dim=1) / count)
         parts += [embedding(cat[:, j]) for j, embedding in enumerate(self.feature_embeddings)]
         parts.append((num - self.mean) / self.std)
         return F.normalize(self.mlp(torch.cat(parts, dim=1)), dim=1)
@@ -40,7 +46,7 @@ class TwoTower(nn.Module):
         self.user, self.item = user, item
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        return (self.user(batch["user"], batch["user_cat"], batch["user_num"]),
+        return (self.user(batch["user"], batch["user_cat"], batch["user_num"], batch.get("history")),
                 self.item(batch["item"], batch["item_cat"], batch["item_num"]))
 
 

@@ -33,6 +33,7 @@ from pipeline.train.spec import TrainSpec
 SERVING = Path(__file__).with_name("serving.py")
 CATALOGUE_FILE = "catalogue.npz"  # item ids and their embeddings
 USERS_FILE = "users.json"  # what the user tower reads: columns, vocabularies
+HISTORY_COLUMN = "history"  # with model.history_length: the input rows' recent item ids, oldest first
 
 
 class Layout:
@@ -68,22 +69,57 @@ def item_log_q(cfg, data: TrainingData) -> np.ndarray:
     return np.log(freq / freq.sum()).astype(np.float32)
 
 
+class History:
+    """Each user's training items in time order, by vocabulary codes: a row's history is its user's last
+    ``model.history_length`` items strictly before the row's time (``data.time_column``), oldest first, 0-padded
+    in front. Built on every rank from the training split (picklable: loader workers)."""
+
+    def __init__(self, cfg, data: TrainingData):
+        m, time_column = cfg.model, cfg.data.time_column
+        if not time_column:
+            raise ConfigError(f"model.history_length={m.history_length}: a user's items are ordered by "
+                              f"data.time_column, which is empty; name the column of the interactions' times")
+        self.time_column, self.length = time_column, m.history_length
+        columns = data.read_split("train")
+        lay = Layout(cfg, data.preprocessing)
+        _, cat, _ = Encoder(data.preprocessing, "").encode_columns(columns)
+        users, times = cat[:, lay.user_id], np.asarray(columns[time_column], dtype=np.float64)
+        order = np.lexsort((times, users))
+        self.users, self.times, self.items = users[order], times[order], cat[order, lay.item_id]
+        codes = np.arange(len(data.preprocessing["vocab"][m.user_id_column]))
+        self.start, self.end = np.searchsorted(self.users, codes, "left"), np.searchsorted(self.users, codes, "right")
+
+    def __call__(self, users: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """[B, history_length] item codes of each (user code, time)."""
+        out = np.zeros((len(users), self.length), dtype=np.int64)
+        for row, (user, time) in enumerate(zip(users.tolist(), np.asarray(times, dtype=np.float64).tolist())):
+            start, end = self.start[user], self.end[user]
+            stop = start + int(np.searchsorted(self.times[start:end], time, "left"))
+            recent = self.items[max(start, stop - self.length):stop]
+            out[row, self.length - len(recent):] = recent
+        return out
+
+
 class ToTensors:
     """Decoded columns -> the towers' inputs and each row's item log-frequency (picklable: loader workers)."""
 
-    def __init__(self, cfg, preprocessing: dict[str, Any], log_q: np.ndarray):
+    def __init__(self, cfg, preprocessing: dict[str, Any], log_q: np.ndarray, history: History | None = None):
         self.encoder = Encoder(preprocessing, "")
         self.layout = Layout(cfg, preprocessing)
         self.log_q = log_q
+        self.history = history
 
     def __call__(self, columns: dict[str, Any]) -> dict[str, torch.Tensor]:
         num, cat, _ = self.encoder.encode_columns(columns)
         lay = self.layout
         items = cat[:, lay.item_id]
-        return {"user": torch.from_numpy(cat[:, lay.user_id].copy()), "user_cat": torch.from_numpy(cat[:, lay.user_cat]),
-                "user_num": torch.from_numpy(num[:, lay.user_num]), "item": torch.from_numpy(items.copy()),
-                "item_cat": torch.from_numpy(cat[:, lay.item_cat]), "item_num": torch.from_numpy(num[:, lay.item_num]),
-                "log_q": torch.from_numpy(self.log_q[items])}
+        batch = {"user": torch.from_numpy(cat[:, lay.user_id].copy()), "user_cat": torch.from_numpy(cat[:, lay.user_cat]),
+                 "user_num": torch.from_numpy(num[:, lay.user_num]), "item": torch.from_numpy(items.copy()),
+                 "item_cat": torch.from_numpy(cat[:, lay.item_cat]), "item_num": torch.from_numpy(num[:, lay.item_num]),
+                 "log_q": torch.from_numpy(self.log_q[items])}
+        if self.history is not None:
+            batch["history"] = torch.from_numpy(self.history(cat[:, lay.user_id], columns[self.history.time_column]))
+        return batch
 
 
 def build_model(cfg, data: TrainingData) -> TwoTower:
@@ -91,13 +127,14 @@ def build_model(cfg, data: TrainingData) -> TwoTower:
     lay = Layout(cfg, prep)
     categorical, vocab = prep["categorical_columns"], prep["vocab"]
 
-    def tower(id_code: int, cat: list[int], num: list[int], widths: list[int]) -> Tower:
+    def tower(id_code: int, cat: list[int], num: list[int], widths: list[int], history_items: int = 0) -> Tower:
         return Tower(ids=len(vocab[categorical[id_code]]), vocab_sizes=[len(vocab[categorical[j]]) for j in cat],
                      numeric=len(num), mean=[prep["mean"][j] for j in num], std=[prep["std"][j] for j in num],
                      id_dim=m.id_embedding_dim, feature_dim=m.feature_embedding_dim, widths=widths,
-                     out_dim=m.embedding_dim)
+                     out_dim=m.embedding_dim, history_items=history_items)
 
-    return TwoTower(tower(lay.user_id, lay.user_cat, lay.user_num, m.user_tower),
+    items = len(vocab[m.item_id_column]) if m.history_length else 0
+    return TwoTower(tower(lay.user_id, lay.user_cat, lay.user_num, m.user_tower, items),
                     tower(lay.item_id, lay.item_cat, lay.item_num, m.item_tower))
 
 
@@ -134,7 +171,8 @@ def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
     tc = cfg.train
     torch.manual_seed(tc.seed)  # the same initial weights on every rank
     model = build_model(cfg, data)
-    transform = ToTensors(cfg, data.preprocessing, item_log_q(cfg, data))
+    transform = ToTensors(cfg, data.preprocessing, item_log_q(cfg, data),
+                          History(cfg, data) if cfg.model.history_length else None)
     train_loader = data.loader("train", batch_size=tc.batch_size, shuffle=True, seed=tc.seed,
                                num_workers=tc.num_workers, transform=transform)
     val_loader = (data.loader("val", batch_size=tc.batch_size, shuffle=False, seed=tc.seed,
@@ -200,12 +238,15 @@ def export(cfg, model: TwoTower, data: TrainingData, out_dir: Path, items: dict[
     lay = Layout(cfg, prep)
     example = (torch.zeros(2, dtype=torch.long), torch.zeros(2, len(lay.user_cat), dtype=torch.long),
                torch.zeros(2, len(lay.user_num)))
+    if m.history_length:
+        example += (torch.zeros(2, m.history_length, dtype=torch.long),)
     export_network(model.user, example, out_dir / NETWORK_FILE)
     user_cat = [prep["categorical_columns"][j] for j in lay.user_cat]
     (out_dir / USERS_FILE).write_text(json.dumps({
         "id_column": m.user_id_column, "categorical_columns": user_cat,
         "numeric_columns": [prep["numeric_columns"][j] for j in lay.user_num],
         "vocab": {c: prep["vocab"][c] for c in [m.user_id_column, *user_cat]}, "top_k": m.top_k,
+        "history_length": m.history_length, "history_vocab": prep["vocab"][m.item_id_column] if m.history_length else [],
     }, indent=2))
     return {"network": str(out_dir / NETWORK_FILE), "catalogue": str(out_dir / CATALOGUE_FILE),
             "users": str(out_dir / USERS_FILE)}
@@ -213,13 +254,16 @@ def export(cfg, model: TwoTower, data: TrainingData, out_dir: Path, items: dict[
 
 def package(cfg, trained: TrainedModel, data: TrainingData) -> ModelPackage:
     inputs, _ = evaluation_inputs(cfg, data, "test", limit=3)
-    return ModelPackage(python_model=str(SERVING), artifacts=dict(trained.model_files), input_example=inputs)
+    # (rows, params): the signature declares the request's k, model.top_k unless a request says otherwise.
+    return ModelPackage(python_model=str(SERVING), artifacts=dict(trained.model_files),
+                        input_example=(inputs, {"k": cfg.model.top_k}))
 
 
 def evaluation_inputs(cfg, data: TrainingData, split: str, limit: int | None = None):
     """The split's users as the rows the registered model takes (id and user features, from each
-    user's first row of the split), and what they did: their held-out items, the training split's
-    most popular items (the baseline) and the catalogue's size."""
+    user's first row of the split), and what they did: their held-out items, the items of their training rows
+    (left out of the rankings with ``model.exclude_seen``), the training split's items by popularity (the
+    baseline) and the catalogue's size."""
     import pandas as pd
 
     m = cfg.model
@@ -230,20 +274,40 @@ def evaluation_inputs(cfg, data: TrainingData, split: str, limit: int | None = N
     first = np.sort(order)[:limit]
     frame = pd.DataFrame({c: np.asarray(columns[c])[first] for c in [m.user_id_column, *m.user_features]})
     frame[m.user_id_column] = frame[m.user_id_column].astype(str)
+    if m.history_length:  # each user's items before their first held-out row, as a client would send them
+        item_vocab = np.asarray(data.preprocessing["vocab"][m.item_id_column], dtype=object)
+        codes = Encoder(data.preprocessing, "").encode_columns(columns)[1][first, Layout(cfg, data.preprocessing).user_id]
+        recent = History(cfg, data)(codes, np.asarray(columns[cfg.data.time_column])[first])
+        frame[HISTORY_COLUMN] = [item_vocab[row[row != 0]].astype(str).tolist() for row in recent]
     relevant: dict[str, set[str]] = {}
     for user, item in zip(users.tolist(), items.tolist()):
         relevant.setdefault(user, set()).add(item)
     vocab = data.preprocessing["vocab"]
     known_users, known_items = set(vocab[m.user_id_column][1:]), set(vocab[m.item_id_column][1:])
     counts = data.stats.categories[m.item_id_column]
-    popular = [item for item, _ in counts.most_common() if item not in ("", UNKNOWN)][:max(m.top_k, 50)]
+    seen = _training_items(cfg, data, set(frame[m.user_id_column])) if m.exclude_seen else None
+    depth = max(m.top_k, 50) + max((len(items) for items in (seen or {}).values()), default=0)
+    popular = [item for item, _ in counts.most_common() if item not in ("", UNKNOWN)][:depth]
     held = HeldOut(
         relevant=[relevant[u] for u in frame[m.user_id_column]], popular=popular,
+        seen=None if seen is None else [seen.get(u, set()) for u in frame[m.user_id_column]],
         catalogue_size=len(known_items), interactions=int(len(items)),
         oov_users=int(sum(u not in known_users for u in relevant)),
         oov_items=int(sum(i not in known_items for i in items.tolist())),
     )
     return frame, held
+
+
+def _training_items(cfg, data: TrainingData, users: set[str]) -> dict[str, set[str]]:
+    """The items of each of ``users``' training rows."""
+    m = cfg.model
+    columns = data.read_split("train")
+    items: dict[str, set[str]] = {}
+    for user, item in zip(np.asarray(columns[m.user_id_column]).astype(str).tolist(),
+                          np.asarray(columns[m.item_id_column]).astype(str).tolist()):
+        if user in users:
+            items.setdefault(user, set()).add(item)
+    return items
 
 
 SPEC = TrainSpec(run=run, package=package, evaluation_inputs=evaluation_inputs, evaluator=EVALUATOR)
