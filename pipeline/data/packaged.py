@@ -165,7 +165,12 @@ def smollm2_135m_instruct(folder: Path) -> Path:
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.pad_token_id)
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
-    staging.rename(folder)
+    try:
+        staging.rename(folder)
+    except OSError:  # another conversion finished first: keep its folder
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (folder / "config.json").is_file():
+            raise
     return folder
 
 

@@ -97,6 +97,8 @@ def write_wordnet_pos(path: Path, *, per_class: int = 450, seed: int = 0) -> Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     model = packaged.smollm2_135m_instruct(deployment.home() / "models" / MODEL_FOLDER)
     link = path.parent / MODEL_FOLDER
+    if link.is_symlink() and not link.exists():  # left by a home that is gone
+        link.unlink()
     if not link.exists():
         os.symlink(model, link, target_is_directory=True)
     rows = wordnet_pos_rows(per_class, seed)

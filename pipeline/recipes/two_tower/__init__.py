@@ -64,30 +64,28 @@ def _write_demo(path) -> None:
     packaged.movielens_100k(path)  # from the recbole wheel on PyPI, at demo time: never committed
 
 
-# MovieLens 100K (make demo): each user's newest rating is the test split, the one before it validation; the
-# user tower reads the user's last 10 films.
-MOVIELENS = {
-    "data.categorical_columns": ["user_id", "item_id", "user_gender", "user_occupation", "item_genre"],
-    "model.user_features": ["user_age", "user_gender", "user_occupation"],
-    "model.item_features": ["item_genre", "item_year"],
-    "model.history_length": 10,
-}
-
-
+# The default variant reads MovieLens 100K (make demo, and the DAG's default input): each user's newest rating is
+# the test split, the one before it validation; the user tower reads the user's last 10 films. ``tiny`` reads the
+# tests' synthetic interactions (synthetic.py) and their columns.
 RECIPE = Recipe(
     name=NAME,
     description="Two-tower retrieval (user and item towers, in-batch softmax with log-Q correction), "
                 "PyTorch Lightning DDP under torchrun, recall@k and NDCG against a popularity baseline.",
     config_class=TwoTowerConfig,
     defaults={
-        "data.label_column": "", "data.categorical_columns": ["user_id", "item_id", "user_segment", "item_category"],
-        "data.split_by": "last_per_group", "data.time_column": "timestamp", "data.group_column": "user_id",
+        "data.label_column": "", "data.split_by": "last_per_group", "data.time_column": "timestamp",
+        "data.group_column": "user_id",
+        "data.categorical_columns": ["user_id", "item_id", "user_gender", "user_occupation", "item_genre"],
+        "model.user_features": ["user_age", "user_gender", "user_occupation"],
+        "model.item_features": ["item_genre", "item_year"], "model.history_length": 10,
         "train.epochs": 8, "train.batch_size": 256, "train.learning_rate": 3e-3, "train.weight_decay": 0.0,
         "train.log_every_steps": 50, "train.checkpoint_every_steps": 100,
     },
     variants={
-        "demo": MOVIELENS,
-        "tiny": {"train.epochs": 3, "train.batch_size": 64, "train.log_every_steps": 5,
+        "demo": {},
+        "tiny": {"data.categorical_columns": ["user_id", "item_id", "user_segment", "item_category"],
+                 "model.user_features": ["user_segment", "user_age"],
+                 "model.item_features": ["item_category", "item_price"], "model.history_length": 0, "train.epochs": 3, "train.batch_size": 64, "train.log_every_steps": 5,
                  "train.checkpoint_every_steps": 10, "model.user_tower": [32], "model.item_tower": [32],
                  "model.embedding_dim": 16, "model.id_embedding_dim": 16},
     },

@@ -113,10 +113,10 @@ class ToTensors:
         num, cat, _ = self.encoder.encode_columns(columns)
         lay = self.layout
         items = cat[:, lay.item_id]
-        batch = {"user": torch.from_numpy(cat[:, lay.user_id].copy()), "user_cat": torch.from_numpy(cat[:, lay.user_cat]),
-                 "user_num": torch.from_numpy(num[:, lay.user_num]), "item": torch.from_numpy(items.copy()),
-                 "item_cat": torch.from_numpy(cat[:, lay.item_cat]), "item_num": torch.from_numpy(num[:, lay.item_num]),
-                 "log_q": torch.from_numpy(self.log_q[items])}
+        batch = {"user": torch.from_numpy(cat[:, lay.user_id].copy()),
+                 "user_cat": torch.from_numpy(cat[:, lay.user_cat]), "user_num": torch.from_numpy(num[:, lay.user_num]),
+                 "item": torch.from_numpy(items.copy()), "item_cat": torch.from_numpy(cat[:, lay.item_cat]),
+                 "item_num": torch.from_numpy(num[:, lay.item_num]), "log_q": torch.from_numpy(self.log_q[items])}
         if self.history is not None:
             batch["history"] = torch.from_numpy(self.history(cat[:, lay.user_id], columns[self.history.time_column]))
         return batch
@@ -246,7 +246,8 @@ def export(cfg, model: TwoTower, data: TrainingData, out_dir: Path, items: dict[
         "id_column": m.user_id_column, "categorical_columns": user_cat,
         "numeric_columns": [prep["numeric_columns"][j] for j in lay.user_num],
         "vocab": {c: prep["vocab"][c] for c in [m.user_id_column, *user_cat]}, "top_k": m.top_k,
-        "history_length": m.history_length, "history_vocab": prep["vocab"][m.item_id_column] if m.history_length else [],
+        "history_length": m.history_length,
+        "history_vocab": prep["vocab"][m.item_id_column] if m.history_length else [],
     }, indent=2))
     return {"network": str(out_dir / NETWORK_FILE), "catalogue": str(out_dir / CATALOGUE_FILE),
             "users": str(out_dir / USERS_FILE)}
@@ -276,7 +277,8 @@ def evaluation_inputs(cfg, data: TrainingData, split: str, limit: int | None = N
     frame[m.user_id_column] = frame[m.user_id_column].astype(str)
     if m.history_length:  # each user's items before their first held-out row, as a client would send them
         item_vocab = np.asarray(data.preprocessing["vocab"][m.item_id_column], dtype=object)
-        codes = Encoder(data.preprocessing, "").encode_columns(columns)[1][first, Layout(cfg, data.preprocessing).user_id]
+        users_column = Layout(cfg, data.preprocessing).user_id
+        codes = Encoder(data.preprocessing, "").encode_columns(columns)[1][first, users_column]
         recent = History(cfg, data)(codes, np.asarray(columns[cfg.data.time_column])[first])
         frame[HISTORY_COLUMN] = [item_vocab[row[row != 0]].astype(str).tolist() for row in recent]
     relevant: dict[str, set[str]] = {}
