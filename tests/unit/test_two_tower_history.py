@@ -49,6 +49,7 @@ def test_a_rows_history_is_its_users_last_items_before_it(version):
         codes = batch["history"][row].numpy()
         assert vocab[codes[codes != 0]].tolist() == _expected(raw, train, str(user), float(time))
     assert (batch["history"] != 0).any()  # held-out rows come after their users' training rows
+    assert len(transform.history.items_of(0)) == 0  # the unknown user has no history
 
     frame, held = hooks.evaluation_inputs(cfg, data, "test")
     first = {str(u): float(t) for u, t in reversed(list(zip(test["user_id"], test["timestamp"])))}

@@ -23,7 +23,7 @@ import torch
 from pipeline.data.read.training_data import Encoder, TrainingData
 from pipeline.data.versions.stats import UNKNOWN
 from pipeline.errors import ConfigError
-from pipeline.evaluate.retrieval import EVALUATOR, HeldOut
+from pipeline.evaluate.retrieval import EVALUATOR, KS, HeldOut
 from pipeline.recipes.two_tower.model import Tower, TwoTower, in_batch_softmax_loss
 from pipeline.train.export import NETWORK_FILE, export_network, saved_model_files
 from pipeline.registry.package import ModelPackage
@@ -70,24 +70,31 @@ def item_log_q(cfg, data: TrainingData) -> np.ndarray:
 
 
 class History:
-    """Each user's training items in time order, by vocabulary codes: a row's history is its user's last
-    ``model.history_length`` items strictly before the row's time (``data.time_column``), oldest first, 0-padded
-    in front. Built on every rank from the training split (picklable: loader workers)."""
+    """Each user's training items in time order (``data.time_column``; the split's order without one), by
+    vocabulary codes: a row's history is its user's last ``model.history_length`` items strictly before the row's
+    time, oldest first, 0-padded in front; ``items_of`` is all of them (what evaluation leaves out of the user's
+    ranking). The unknown user (code 0) has none. Built from the training split (picklable: loader workers)."""
 
     def __init__(self, cfg, data: TrainingData):
         m, time_column = cfg.model, cfg.data.time_column
-        if not time_column:
+        if m.history_length and not time_column:
             raise ConfigError(f"model.history_length={m.history_length}: a user's items are ordered by "
                               f"data.time_column, which is empty; name the column of the interactions' times")
         self.time_column, self.length = time_column, m.history_length
         columns = data.read_split("train")
         lay = Layout(cfg, data.preprocessing)
         _, cat, _ = Encoder(data.preprocessing, "").encode_columns(columns)
-        users, times = cat[:, lay.user_id], np.asarray(columns[time_column], dtype=np.float64)
-        order = np.lexsort((times, users))
+        users = cat[:, lay.user_id]
+        times = np.asarray(columns[time_column], dtype=np.float64) if time_column else np.zeros(len(users))
+        order = np.lexsort((times, users))  # stable: equal times keep the split's order
         self.users, self.times, self.items = users[order], times[order], cat[order, lay.item_id]
         codes = np.arange(len(data.preprocessing["vocab"][m.user_id_column]))
         self.start, self.end = np.searchsorted(self.users, codes, "left"), np.searchsorted(self.users, codes, "right")
+        self.end[0] = self.start[0]  # rows without a user id are nobody's history
+
+    def items_of(self, user: int) -> np.ndarray:
+        """Every training item code of the user with code ``user``, oldest first."""
+        return self.items[self.start[user]:self.end[user]]
 
     def __call__(self, users: np.ndarray, times: np.ndarray) -> np.ndarray:
         """[B, history_length] item codes of each (user code, time)."""
@@ -275,41 +282,33 @@ def evaluation_inputs(cfg, data: TrainingData, split: str, limit: int | None = N
     first = np.sort(order)[:limit]
     frame = pd.DataFrame({c: np.asarray(columns[c])[first] for c in [m.user_id_column, *m.user_features]})
     frame[m.user_id_column] = frame[m.user_id_column].astype(str)
-    if m.history_length:  # each user's items before their first held-out row, as a client would send them
-        item_vocab = np.asarray(data.preprocessing["vocab"][m.item_id_column], dtype=object)
-        users_column = Layout(cfg, data.preprocessing).user_id
-        codes = Encoder(data.preprocessing, "").encode_columns(columns)[1][first, users_column]
-        recent = History(cfg, data)(codes, np.asarray(columns[cfg.data.time_column])[first])
-        frame[HISTORY_COLUMN] = [item_vocab[row[row != 0]].astype(str).tolist() for row in recent]
     relevant: dict[str, set[str]] = {}
     for user, item in zip(users.tolist(), items.tolist()):
         relevant.setdefault(user, set()).add(item)
     vocab = data.preprocessing["vocab"]
     known_users, known_items = set(vocab[m.user_id_column][1:]), set(vocab[m.item_id_column][1:])
+    seen = None
+    if m.history_length or m.exclude_seen:  # from the users' training rows, read once
+        index = History(cfg, data)
+        item_vocab = np.asarray(vocab[m.item_id_column], dtype=object)
+        _, cat, _ = Encoder(data.preprocessing, "").encode_columns(columns)
+        codes = cat[first, Layout(cfg, data.preprocessing).user_id]
+        if m.history_length:  # each user's items before their first held-out row, as a client would send them
+            recent = index(codes, np.asarray(columns[cfg.data.time_column])[first])
+            frame[HISTORY_COLUMN] = [item_vocab[row[row != 0]].astype(str).tolist() for row in recent]
+        if m.exclude_seen:
+            seen = [set(item_vocab[index.items_of(user)].astype(str).tolist()) for user in codes.tolist()]
     counts = data.stats.categories[m.item_id_column]
-    seen = _training_items(cfg, data, set(frame[m.user_id_column])) if m.exclude_seen else None
-    depth = max(m.top_k, 50) + max((len(items) for items in (seen or {}).values()), default=0)
-    popular = [item for item, _ in counts.most_common() if item not in ("", UNKNOWN)][:depth]
     held = HeldOut(
-        relevant=[relevant[u] for u in frame[m.user_id_column]], popular=popular,
-        seen=None if seen is None else [seen.get(u, set()) for u in frame[m.user_id_column]],
+        relevant=[relevant[u] for u in frame[m.user_id_column]],
+        popular=[item for item, _ in counts.most_common() if item not in ("", UNKNOWN)], seen=seen,
         catalogue_size=len(known_items), interactions=int(len(items)),
         oov_users=int(sum(u not in known_users for u in relevant)),
         oov_items=int(sum(i not in known_items for i in items.tolist())),
     )
+    # The baseline's ranking as deep as the model's: what is left after the seen items is at least what it returns.
+    held.popular = held.popular[:held.depth(max(m.top_k, max(KS)))]
     return frame, held
-
-
-def _training_items(cfg, data: TrainingData, users: set[str]) -> dict[str, set[str]]:
-    """The items of each of ``users``' training rows."""
-    m = cfg.model
-    columns = data.read_split("train")
-    items: dict[str, set[str]] = {}
-    for user, item in zip(np.asarray(columns[m.user_id_column]).astype(str).tolist(),
-                          np.asarray(columns[m.item_id_column]).astype(str).tolist()):
-        if user in users:
-            items.setdefault(user, set()).add(item)
-    return items
 
 
 SPEC = TrainSpec(run=run, package=package, evaluation_inputs=evaluation_inputs, evaluator=EVALUATOR)
