@@ -116,6 +116,29 @@ class TrainConfig:
         min=0,
     )
     keep_checkpoints: int = config_field(3, "Complete checkpoints kept; older ones are deleted.", min=1, max=100)
+    parallelism: str = config_field(
+        "ddp", "How the ranks hold the model: ddp keeps a whole replica (parameters, gradients, optimizer state) on "
+        "every rank; fsdp shards all three over the ranks (FSDP2, one unit per block of the recipe), for models "
+        "that do not fit one device. Its checkpoints are sharded and resume on any number of ranks.",
+        choices=["ddp", "fsdp"],
+    )
+    reshard_after_forward: bool = config_field(
+        True, "fsdp: free each block's gathered parameters after its forward and gather them again for the "
+        "backward (less memory, one more all-gather per block).",
+    )
+    cpu_offload: bool = config_field(
+        False, "fsdp: keep the sharded parameters, gradients and optimizer state in host memory, copied to the GPU "
+        "block by block (a GPU only: on a CPU they are in host memory already).",
+    )
+    activation_checkpointing: bool = config_field(
+        False, "Keep only each block's inputs in the forward and recompute its activations in the backward (less "
+        "memory, about a third more compute); ddp or fsdp.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.cpu_offload and self.parallelism != "fsdp":
+            raise ConfigError(f"train.cpu_offload=true: it offloads the shards of train.parallelism='fsdp'; this "
+                              f"config has train.parallelism={self.parallelism!r}")
 
 
 @dataclass(kw_only=True)
@@ -288,6 +311,7 @@ class PipelineConfig:
 
     METRICS: ClassVar[dict[str, bool]] = {}
     RECIPE: ClassVar[str] = ""  # the registered recipe this config is of (pipeline.recipes)
+    SHARDS: ClassVar[bool] = True  # whether the recipe's model trains under train.parallelism = fsdp
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -297,6 +321,9 @@ class PipelineConfig:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
     def __post_init__(self) -> None:
+        if self.train.parallelism == "fsdp" and not self.SHARDS:
+            raise ConfigError(f"train.parallelism='fsdp': the {self.RECIPE} recipe trains with its own loop, which "
+                              f"keeps a whole model on every rank; expected train.parallelism='ddp'")
         if not self.METRICS:
             return
         for name, value in [("evaluate.metric", self.evaluate.metric)] + [

@@ -4,6 +4,10 @@ A checkpoint is written under a temporary name, fsynced, given a completion mark
 renamed into place, so a crash mid-write leaves at most a temporary folder that readers skip.
 ``save_in_background`` takes the write off the training's path: the state's tensors are copied to host
 memory at once, and a thread writes the copy while training goes on.
+A sharded checkpoint (``train.parallelism = fsdp``: ``save_sharded_in_background``) holds every rank's
+shards of the model and optimizer in ``shards/``, written by each rank with ``torch.distributed.checkpoint``
+(which resumes them on any number of ranks), beside rank 0's ``state.pt`` with the rest (step, loader,
+RNG, schedule); its marker lists every shard file's size.
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain Python values
 only, never pickled objects. When the newest checkpoint cannot be read (truncated, damaged), the
 previous complete one is used and the damage is logged.
@@ -28,6 +32,7 @@ import torch
 from pipeline.diskspace import space_checked
 
 STATE_FILE = "state.pt"
+SHARDS_DIR = "shards"  # a sharded checkpoint's torch.distributed.checkpoint folder
 MARKER = "COMPLETE"  # written last; holds the state file's size and sha256
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -37,6 +42,11 @@ class Checkpoint:
     step: int
     path: Path
     state: dict[str, Any]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model and optimizer are in ``shards/`` (load them with ``load_shards``), not in ``state``."""
+        return is_sharded(self.path)
 
 
 class CheckpointStore:
@@ -83,6 +93,46 @@ class CheckpointStore:
         thread.start()
         self._writing = (thread, failure)
 
+    def save_sharded_in_background(self, step: int, shards: dict[str, Any], state: dict[str, Any], dist, *,
+                                   group=None, done: Callable[[Path], None] | None = None) -> None:
+        """Every rank: checkpoint ``step`` with each rank's ``shards`` (DTensors; ``torch.distributed.checkpoint``
+        writes its own) and rank 0's ``state`` (small: step, loader, RNG). The shards are copied to host memory
+        now and written by a background thread while training goes on, over ``group`` (a process group of the
+        checkpoint's own, so its collectives never interleave with training's); once every rank's are written,
+        rank 0 adds ``state.pt`` and the marker, renames the folder into place and prunes. ``wait`` on every rank
+        before anything that needs it on disk."""
+        import torch.distributed.checkpoint as dcp
+
+        from pipeline.train.distributed import broadcast_object
+
+        self.wait()
+        tmp = self.root / broadcast_object(dist, f".tmp-step-{step:09d}-{uuid.uuid4().hex[:8]}")
+        final = self.root / f"step-{step:09d}"
+        if dist.is_main:
+            tmp.mkdir(parents=True)
+        copy = _host_copy(state) if dist.is_main else None
+        with space_checked(final, state_bytes(shards) if dist.is_main else None):
+            written = dcp.async_save(shards, checkpoint_id=str(tmp / SHARDS_DIR), process_group=group)
+        failure: dict[str, BaseException] = {}
+
+        def finish() -> None:
+            try:
+                written.result()  # rank 0's ends after every rank's shards and the metadata are written
+                if dist.is_main:
+                    with space_checked(final, state_bytes(copy)):
+                        self._complete(step, copy, tmp, final)
+                    self._prune()
+                    if done is not None:
+                        done(final)
+            except BaseException as exc:
+                failure["error"] = exc
+                if dist.is_main:
+                    shutil.rmtree(tmp, ignore_errors=True)
+
+        thread = threading.Thread(target=finish, name=f"checkpoint-step-{step}")
+        thread.start()
+        self._writing = (thread, failure)
+
     def wait(self) -> None:
         """Until the background write under way, if any, has ended; re-raise its failure here."""
         if self._writing is None:
@@ -97,21 +147,27 @@ class CheckpointStore:
         tmp = self.root / f".tmp-step-{step:09d}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            state_path = tmp / STATE_FILE
-            with open(state_path, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            marker = {"step": step, "size": state_path.stat().st_size, "sha256": _sha256(state_path)}
-            _write_synced(tmp / MARKER, json.dumps(marker).encode())
-            _fsync_dir(tmp)
-            if final.exists():  # the same step saved again (a resumed attempt reached it once more)
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.root)
+            self._complete(step, state, tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+    def _complete(self, step: int, state: dict[str, Any], tmp: Path, final: Path) -> None:
+        """``state.pt`` into ``tmp``, then the marker (with the shard files' sizes, if any), then the rename."""
+        state_path = tmp / STATE_FILE
+        with open(state_path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        marker = {"step": step, "size": state_path.stat().st_size, "sha256": _sha256(state_path)}
+        if (tmp / SHARDS_DIR).is_dir():
+            marker["shards"] = {p.name: p.stat().st_size for p in sorted((tmp / SHARDS_DIR).iterdir())}
+        _write_synced(tmp / MARKER, json.dumps(marker).encode())
+        _fsync_dir(tmp)
+        if final.exists():  # the same step saved again (a resumed attempt reached it once more)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
 
     def complete(self) -> list[tuple[int, Path]]:
         """(step, folder) of every checkpoint with its completion marker, newest first."""
@@ -204,8 +260,24 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def is_sharded(path: Path) -> bool:
+    return (Path(path) / SHARDS_DIR).is_dir()
+
+
+def load_shards(path: Path, shards: dict[str, Any]) -> None:
+    """Every rank: fill ``shards`` (this run's sharded state, any number of ranks: ``parallel.sharded_state``)
+    from checkpoint ``path``'s shard files in place; torch.distributed.checkpoint reshards them."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(shards, checkpoint_id=str(Path(path) / SHARDS_DIR))
+
+
 def _load_verified(path: Path, map_location) -> dict[str, Any]:
     marker = json.loads((path / MARKER).read_text())
+    for name, expected in marker.get("shards", {}).items():
+        size = (path / SHARDS_DIR / name).stat().st_size
+        if size != expected:
+            raise ValueError(f"{path / SHARDS_DIR / name} is {size} bytes, the marker says {expected}")
     state_path = path / STATE_FILE
     size = state_path.stat().st_size
     if size != marker["size"]:

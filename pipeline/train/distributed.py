@@ -81,12 +81,14 @@ def gather(ctx: DistContext, obj) -> list:
     return gathered
 
 
-def state_digest(module: torch.nn.Module) -> str:
-    """Hash of a module's parameters and buffers: equal on every rank when DDP kept them in sync."""
+def state_digest(state: torch.nn.Module | dict[str, torch.Tensor]) -> str:
+    """Hash of a module's parameters and buffers (or of its state dict): equal on every rank when DDP kept them in
+    sync."""
     import hashlib
 
     digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
+    tensors = state.state_dict() if isinstance(state, torch.nn.Module) else state
+    for name, tensor in sorted(tensors.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -1,7 +1,9 @@
-"""The generic DDP training loop every loop-based recipe shares.
+"""The generic distributed training loop every loop-based recipe shares.
 
-DDP, gradient accumulation with ``no_sync``, autocast, warm-up and cosine LR, checkpoints holding the
-model, optimizer, scheduler, every rank's RNG and the loader's mid-epoch position, heartbeats,
+DDP or FSDP2 (``train.parallelism``: ``pipeline.train.parallel``), gradient accumulation that synchronises
+only the last micro-batch, autocast, warm-up and cosine LR, checkpoints holding the model, optimizer,
+scheduler, every rank's RNG and the loader's mid-epoch position (sharded ones with fsdp, which resume on any
+number of ranks), heartbeats,
 throughput, the result file, and a preemption-safe stop (on SIGTERM every rank stops at the same step
 boundary, checkpoints it and exits with ``PREEMPTED_EXIT_CODE``: ``pipeline.train.preemption``). What
 is the recipe's comes from its ``TrainSpec``: the model, the batch transform (decode, augment, encode)
@@ -10,7 +12,6 @@ and the loss with its per-sample metric sums.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -19,15 +20,15 @@ from typing import Any, NoReturn
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.config import PipelineConfig, TrainConfig
 from pipeline.data.read.training_data import TrainingData
 from pipeline.stopwatch import mark, startup_line, timeline
 from pipeline.train import distributed
-from pipeline.train.checkpoint import capture_rng, load_state, restore_rng
+from pipeline.train.checkpoint import capture_rng, is_sharded, load_shards, load_state, restore_rng
 from pipeline.train.context import RunContext
 from pipeline.train.export import saved_model_files
+from pipeline.train.parallel import load_sharded_state, parallelize, sharded_state
 from pipeline.train.preemption import Preemption, exit_preempted
 from pipeline.train.preemption import install as install_preemption
 from pipeline.train.spec import TrainSpec
@@ -79,12 +80,17 @@ class _Loop:
     def __init__(self, cfg: PipelineConfig, spec: TrainSpec, ctx: RunContext, data: TrainingData):
         self.cfg, self.spec, self.ctx, self.data = cfg, spec, ctx, data
         tc, dist = cfg.train, ctx.dist
+        self.autocast, self.use_bf16 = autocast(dist.device, tc.precision)
         torch.manual_seed(tc.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
         self.model = spec.build_model(cfg, data).to(dist.device)
-        self.ddp = DistributedDataParallel(self.model) if dist.enabled else self.model
+        units = (lambda model: spec.shard_units(cfg, model)) if spec.shard_units else None
+        self.parallel = parallelize(self.model, dist, tc, bf16=self.use_bf16, units=units)
+        self.net = self.parallel.wrapped  # what the steps call
+        # Sharded checkpoints are written in the background over a group of their own (gloo: host memory).
+        self.checkpoint_group = torch.distributed.new_group(backend="gloo") if self.parallel.sharded else None
         torch.manual_seed(tc.seed + dist.rank)
         np.random.seed(tc.seed + dist.rank)
-        self.optimizer = torch.optim.AdamW(self.ddp.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay)
         self.train_loader = train_loader(cfg, data, spec.batch_transform(cfg, data, True))
         self.val_loader = data.loader("val", batch_size=tc.batch_size, shuffle=False, seed=tc.seed,
                                       num_workers=tc.num_workers, transform=spec.batch_transform(cfg, data, False))
@@ -92,7 +98,6 @@ class _Loop:
         self.steps_per_epoch = math.ceil(micro_per_epoch / tc.grad_accum_steps)
         self.total_steps = self.steps_per_epoch * tc.epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, LrFactor(tc, self.total_steps))
-        self.autocast, self.use_bf16 = autocast(dist.device, tc.precision)
         mark("model_and_data_ready")
 
     def run(self) -> dict[str, Any]:
@@ -109,6 +114,8 @@ class _Loop:
             flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device))
         baseline = self._baseline() if not resumed else None
         ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, "
+                + (f"fsdp over {self.parallel.units + 1} units, " if self.parallel.sharded else "")
+                + 
                 f"{'bf16 autocast' if self.use_bf16 else 'fp32'}: {self.data.rows('train')} train rows, "
                 f"{self.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {self.total_steps} steps "
                 f"(batch {tc.batch_size} x {tc.grad_accum_steps} accumulation x {dist.world_size} ranks)"
@@ -121,7 +128,7 @@ class _Loop:
         loop_started = time.perf_counter()
         upcoming = None  # the next epoch's batches, read while the last one is validated
         while epoch < tc.epochs:
-            self.ddp.train()
+            self.net.train()
             # Running sums stay on the device: a .item() per step would make every step wait for it.
             sums: dict[str, torch.Tensor] = {}
             count = 0
@@ -140,9 +147,8 @@ class _Loop:
                 step_loss = torch.zeros((), device=dist.device)
                 for i, batch in enumerate(micro):
                     batch = {k: v.to(dist.device, non_blocking=True) for k, v in batch.items()}
-                    sync = i == len(micro) - 1 or not dist.enabled
-                    with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast:
-                        loss_sum, stats = self.spec.loss(self.cfg, self.ddp, batch)
+                    with self.parallel.accumulating(sync=i == len(micro) - 1), self.autocast:
+                        loss_sum, stats = self.spec.loss(self.cfg, self.net, batch)
                         loss = loss_sum.float() / samples
                     loss.backward()
                     step_loss += loss.detach()
@@ -201,14 +207,19 @@ class _Loop:
         mark("last_step")
 
         train_wall_s = time.perf_counter() - loop_started
-        digests = distributed.gather(dist, distributed.state_digest(self.model))
-        if dist.is_main and len(set(digests)) != 1:
-            print(f"WARNING: model parameters differ between ranks after training: {digests}", flush=True)
+        # Replicas must agree; shards are gathered into one model on rank 0, whose digest is the run's.
+        full_state = self.parallel.full_state_dict()
+        if self.parallel.sharded:
+            digests = [distributed.state_digest(full_state) if dist.is_main else None]
+        else:
+            digests = distributed.gather(dist, distributed.state_digest(full_state))
+            if dist.is_main and len(set(digests)) != 1:
+                print(f"WARNING: model parameters differ between ranks after training: {digests}", flush=True)
         throughput = {k: round(v, 4) for k, v in meter.summary().items()}
         result = _base_result(ctx, self.data) | {
             "metrics": metrics, "epochs": tc.epochs, "steps": step, "start_step": start_step,
             "resumed_from": resumed["path"] if resumed else None,
-            "precision": "bf16" if self.use_bf16 else "fp32", "throughput": throughput,
+            "precision": "bf16" if self.use_bf16 else "fp32", "parallelism": self.parallel.name, "throughput": throughput,
             "samples_per_s": round(throughput["samples_per_s"], 1), "train_wall_s": round(train_wall_s, 3),
             "param_digests": digests,
         }
@@ -216,32 +227,44 @@ class _Loop:
             result["baseline_metrics"] = baseline
         if dist.is_main:
             ctx.metrics.log({f"train_{k}": v for k, v in throughput.items()}, step=step)
-            self.model.eval()
+            model = self._whole_model(full_state).eval()
             result["model_files"] = saved_model_files(
-                ctx.out_dir, self.model, lambda folder: self.spec.export(cfg, self.model, self.data, folder))
+                ctx.out_dir, model, lambda folder: self.spec.export(cfg, model, self.data, folder))
             print(f"saved model files {sorted(result['model_files'])} to {ctx.out_dir}; steps {start_step}..{step}, "
                   + ", ".join(f"{k} {v:,.4g}" for k, v in throughput.items()), flush=True)
             mark("model_saved")
             result["timeline"] = timeline()
         return ctx.finish(result)
 
+    def _whole_model(self, full_state: dict[str, torch.Tensor]) -> torch.nn.Module:
+        """Rank 0's whole trained model for the export: the model itself with ddp; with fsdp, the recipe's model
+        built afresh in host memory and given the gathered parameters."""
+        if not self.parallel.sharded:
+            return self.model
+        model = self.spec.build_model(self.cfg, self.data)
+        model.load_state_dict(full_state)
+        return model
+
     def _save(self, step: int, epoch: int, loader_state: dict[str, Any] | None, metrics: dict[str, float]) -> None:
         """Every rank contributes its RNG state; rank 0 copies the state and writes it in the background,
         while training goes on (``CheckpointStore.save_in_background``; rank 0 waits for the write before a
-        stop and at the end)."""
+        stop and at the end). With fsdp every rank writes its own shards the same way
+        (``save_sharded_in_background``) and rank 0 the rest."""
         ctx = self.ctx
         with self.meter.timed("checkpoint"):
             ctx.heartbeat.beat(step, phase="checkpointing", force=True)
             rng_states = distributed.gather(ctx.dist, capture_rng())
-            if ctx.is_main:
-                state = {
-                    "step": step, "epoch": epoch, "world_size": ctx.dist.world_size,
-                    "config_digest": self.cfg.digest(), "model": self.model.state_dict(),
-                    "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "loader": loader_state, "rng": rng_states, "metrics": metrics,
-                }
-                ctx.checkpoints.save_in_background(step, state, done=lambda path: print(
-                    f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True))
+            state = {
+                "step": step, "epoch": epoch, "world_size": ctx.dist.world_size, "config_digest": self.cfg.digest(),
+                "scheduler": self.scheduler.state_dict(), "loader": loader_state, "rng": rng_states, "metrics": metrics,
+            }
+            done = lambda path: print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True)  # noqa: E731
+            if self.parallel.sharded:
+                ctx.checkpoints.save_sharded_in_background(step, sharded_state(self.parallel, self.optimizer), state,
+                                                           ctx.dist, group=self.checkpoint_group, done=done)
+            elif ctx.is_main:
+                state |= {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+                ctx.checkpoints.save_in_background(step, state, done=done)
 
     def _stop_preempted(self, preemption: Preemption, step: int) -> NoReturn:
         """Every rank, once the checkpoint of ``step`` is saved: the marker, rank 0's metrics, then the exit."""
@@ -258,7 +281,7 @@ class _Loop:
         if self.spec.baseline is None:
             return None
         self.ctx.heartbeat.beat(0, phase="baseline", force=True)
-        with torch.no_grad(), self.autocast:
+        with torch.no_grad(), self.autocast, self.parallel.whole():
             figures = self.spec.baseline(self.cfg, self.model, self.data, self.ctx.dist)
         self.model.train()
         distributed.barrier(self.ctx.dist)
@@ -281,8 +304,7 @@ class _Loop:
         if chosen is None:
             return None
         state = found.state if found else load_state(Path(chosen))
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_model_and_optimizer(Path(chosen), state)
         self.scheduler.load_state_dict(state["scheduler"])
         if state["loader"] is not None:
             self.train_loader.load_state_dict(state["loader"])
@@ -303,6 +325,19 @@ class _Loop:
         return {"step": state["step"], "epoch": state["epoch"], "in_epoch": in_epoch, "path": chosen,
                 "metrics": state["metrics"]}
 
+    def _load_model_and_optimizer(self, path: Path, state: dict[str, Any]) -> None:
+        """A sharded checkpoint's shards, resharded to this run's ranks; a whole one's tensors (ddp's, or a
+        consolidated fsdp checkpoint), which fsdp cuts to this rank's shards."""
+        if is_sharded(path):  # written by an fsdp run: its config digest, so this run's is fsdp too
+            shards = sharded_state(self.parallel, self.optimizer)
+            load_shards(path, shards)
+            load_sharded_state(self.parallel, self.optimizer, shards)
+        elif self.parallel.sharded:
+            load_sharded_state(self.parallel, self.optimizer, state, full=True)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+
     def _steps_done_in_epoch(self, state: dict[str, Any]) -> int:
         """Optimizer steps of the checkpoint's epoch already trained, in this world's steps: from the loader's
         position (samples of the epoch over all ranks), so a resume on another number of ranks (an elastic
@@ -315,14 +350,14 @@ class _Loop:
 
     @torch.no_grad()
     def _validate(self, step: int) -> dict[str, float]:
-        self.ddp.eval()
+        self.net.eval()
         sums: dict[str, torch.Tensor] = {}
         count = 0
         for i, batch in enumerate(self.val_loader):
             self.ctx.heartbeat.beat(step, phase=f"validating batch {i}")  # a long validation is progress, not a stall
             batch = {k: v.to(self.ctx.dist.device) for k, v in batch.items()}
             with self.autocast:
-                loss_sum, stats = self.spec.loss(self.cfg, self.ddp, batch)
+                loss_sum, stats = self.spec.loss(self.cfg, self.net, batch)
             _accumulate(sums, stats | {"loss": loss_sum.float()})
             count += _samples(batch)
         return _means(self.ctx.dist, sums, count, "val_")

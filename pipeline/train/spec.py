@@ -1,7 +1,7 @@
 """``TrainSpec``: a recipe's heavy half, the hooks that the generic loop, registration and evaluation call.
 
-A recipe either gives the loop its hooks (``build_model``, ``batch_transform``, ``loss``) and gets DDP,
-accumulation, autocast, LR schedule, checkpoints with the loader's state, heartbeats, throughput and
+A recipe either gives the loop its hooks (``build_model``, ``batch_transform``, ``loss``) and gets DDP or
+FSDP (its ``shard_units`` name the blocks), accumulation, autocast, LR schedule, checkpoints with the loader's state, heartbeats, throughput and
 the result file from ``pipeline.train.loop``; or it gives ``run``, a per-rank body for a framework
 trainer (Lightning, Hugging Face Trainer) that reaches the same ``RunContext`` through callbacks.
 
@@ -75,6 +75,13 @@ class Tokens(Protocol):
         """Tokens in the batch, for tokens/s and MFU per token (language models)."""
 
 
+class ShardUnits(Protocol):
+    def __call__(self, cfg: PipelineConfig, model: torch.nn.Module, /) -> list[torch.nn.Module]:
+        """The model's blocks (submodules), each an FSDP unit whose parameters are gathered together just for its
+        forward and backward (``train.parallelism = fsdp``), and the blocks ``train.activation_checkpointing``
+        recomputes: a transformer's layers, a network's stages. What they leave out is the model's own unit."""
+
+
 class Baseline(Protocol):
     def __call__(self, cfg: PipelineConfig, model: torch.nn.Module, data: TrainingData, dist: DistContext, /) -> dict[str, float]:
         """{metric: value} of the untrained model, called on every rank before the first step of a fresh run (not
@@ -97,6 +104,8 @@ class TrainSpec:
     # None: throughput counts samples only.
     tokens: Tokens | None = None
     baseline: Baseline | None = None
+    # None: each child module of the model that holds parameters is a block.
+    shard_units: ShardUnits | None = None
 
     def __post_init__(self) -> None:
         loop_hooks = (self.build_model, self.batch_transform, self.loss, self.export)

@@ -85,6 +85,12 @@ def build_model(cfg, data: TrainingData):
     return model
 
 
+def shard_units(cfg, model) -> list[torch.nn.Module]:
+    """Each decoder layer; the embeddings, the final norm and the head (tied or not) stay in the model's own unit."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under peft's LoRA wrapper
+    return list(base.model.layers)
+
+
 class ToTensors:
     """Token rows -> ``input_ids``, ``labels``, ``attention_mask`` int64 [B, T], T the batch's longest row."""
 
@@ -182,4 +188,5 @@ def evaluation_inputs(cfg, data: TrainingData, split: str):
 
 
 SPEC = TrainSpec(build_model=build_model, batch_transform=batch_transform, loss=loss, export=export, package=package,
-                 evaluation_inputs=evaluation_inputs, evaluator=EVALUATOR, tokens=tokens, baseline=baseline)
+                 evaluation_inputs=evaluation_inputs, evaluator=EVALUATOR, tokens=tokens, baseline=baseline,
+                 shard_units=shard_units)

@@ -53,6 +53,7 @@ class TwoTowerModelConfig(ModelConfig):
 class TwoTowerConfig(PipelineConfig):
     METRICS = RETRIEVAL
     RECIPE = NAME
+    SHARDS = False  # its own loop (train.py run): whole towers on every rank
     model: TwoTowerModelConfig = field(default_factory=TwoTowerModelConfig)
     evaluate: EvaluateConfig = field(default_factory=lambda: EvaluateConfig(
         metric="recall_at_10", guardrails=["ndcg_at_10"]))

@@ -1,0 +1,175 @@
+"""``train.parallelism``: how the loop's ranks hold the model. ``ddp`` keeps a whole replica on every rank and
+all-reduces the gradients; ``fsdp`` (FSDP2, ``torch.distributed.fsdp.fully_shard``) shards parameters,
+gradients and optimizer state over the ranks, gathering a block's parameters just for its forward and
+backward, so a model N times larger than one device fits on N of them.
+
+The loop asks the same five things of either: the module to call (``wrapped``), whether this micro-batch
+synchronises gradients (``accumulating``), the model's state for a checkpoint and back (``state`` /
+``load``), the whole model on rank 0 for the export (``full_state_dict``) and, for work that does not run the
+same forwards on every rank (generating text), the whole model on every rank for a while (``whole``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.config import TrainConfig
+from pipeline.errors import ConfigError
+from pipeline.train.distributed import DistContext
+
+
+def default_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks when a recipe names none: each child of the model that holds parameters, and each of a
+    container's (a ModuleList is never called itself, so it cannot gather its parameters for a forward)."""
+    units: list[nn.Module] = []
+    for child in model.children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            units += default_units(child)
+        elif any(True for _ in child.parameters()):
+            units.append(child)
+    return units
+
+
+def checkpoint_activations(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """Each unit replaced in its parent by a wrapper that keeps only its inputs in the forward and recomputes
+    its activations in the backward (state dict keys unchanged); the wrapped units, in order."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    parents = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}
+    wrapped = []
+    for unit in units:
+        if id(unit) not in parents:
+            raise ConfigError("train.activation_checkpointing: the recipe's blocks must be submodules of its model, "
+                              f"not the model itself ({type(unit).__name__})")
+        parent, name = parents[id(unit)]
+        wrapper = checkpoint_wrapper(unit)
+        parent.register_module(name, wrapper)
+        wrapped.append(wrapper)
+    return wrapped
+
+
+class Replicated:
+    """``ddp``: the whole model on every rank, gradients all-reduced (DistributedDataParallel); on one plain
+    process, the model as it is."""
+
+    name = "ddp"
+    sharded = False
+
+    def __init__(self, model: nn.Module, dist: DistContext):
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.model = model
+        self.wrapped = DistributedDataParallel(model) if dist.enabled else model
+        self._enabled = dist.enabled
+
+    def accumulating(self, sync: bool):
+        """The context of one micro-batch's forward and backward: DDP all-reduces only when ``sync``."""
+        return contextlib.nullcontext() if sync or not self._enabled else self.wrapped.no_sync()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    @contextlib.contextmanager
+    def whole(self) -> Iterator[None]:
+        yield  # every rank holds the whole model already
+
+
+class Sharded:
+    """``fsdp``: ``fully_shard`` on each of the recipe's units, then on the model (what is left: embeddings, the
+    head), over a 1-D mesh of every rank. bf16 (``train.precision``) computes in bf16 and reduces gradients in
+    fp32; ``cpu_offload`` keeps the shards in host memory (a GPU only)."""
+
+    name = "fsdp"
+    sharded = True
+
+    def __init__(self, model: nn.Module, units: list[nn.Module], dist: DistContext, tc: TrainConfig, bf16: bool):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        if not dist.enabled:
+            raise ConfigError("train.parallelism='fsdp' shards the model over a process group; this process has "
+                              "none (run it under torchrun or Ray Train, even with one rank)")
+        if tc.cpu_offload and dist.device.type != "cuda":
+            raise ConfigError(f"train.cpu_offload=true: it moves the shards off a GPU; the ranks run on "
+                              f"{dist.device.type}, where they are in host memory already")
+        if tc.activation_checkpointing:
+            units = checkpoint_activations(model, units)
+        mesh = init_device_mesh(dist.device.type, (dist.world_size,))
+        options = {
+            "mesh": mesh, "reshard_after_forward": tc.reshard_after_forward,
+            "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+            else MixedPrecisionPolicy(),
+            "offload_policy": CPUOffloadPolicy() if tc.cpu_offload else OffloadPolicy(),
+        }
+        for unit in units:
+            fully_shard(unit, **options)
+        fully_shard(model, **options)
+        self.model = self.wrapped = model
+        self.units = len(units)
+        self._reshard_after_forward = tc.reshard_after_forward
+
+    def accumulating(self, sync: bool):
+        """FSDP reduce-scatters the gradients only when ``sync``; before, each rank accumulates unsharded ones."""
+        self.model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's parameters on rank 0, in host memory (a collective: every rank calls it; the others
+        get an empty dict)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    @contextlib.contextmanager
+    def whole(self) -> Iterator[None]:
+        """Every unit's parameters gathered once and kept while the block runs, so that each rank may run forwards
+        of its own count and shape (text generation stops at a different token on each) without a collective
+        per forward; sharded again after. Costs the whole model's memory on every rank meanwhile."""
+        from torch.distributed.fsdp import FSDPModule
+
+        modules = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        for module in modules:
+            module.set_reshard_after_forward(False)
+            module.unshard()
+        try:
+            yield
+        finally:
+            for module in modules:
+                module.reshard()
+                module.set_reshard_after_forward(self._reshard_after_forward)
+
+
+def parallelize(model: nn.Module, dist: DistContext, tc: TrainConfig, *, bf16: bool,
+                units: Callable[[nn.Module], list[nn.Module]] | None = None) -> Replicated | Sharded:
+    """``model`` held as ``train.parallelism`` says; ``units`` names its blocks (the recipe's ``shard_units``
+    hook), each child with parameters when None. Activation checkpointing applies to the same blocks."""
+    blocks = (units or default_units)(model)
+    if tc.parallelism == "fsdp":
+        return Sharded(model, blocks, dist, tc, bf16)
+    if tc.activation_checkpointing:
+        checkpoint_activations(model, blocks)
+    return Replicated(model, dist)
+
+
+def sharded_state(parallel: Replicated | Sharded, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """{model, optimizer}: each rank's shards as DTensors, keyed by parameter names (what
+    ``torch.distributed.checkpoint`` saves and loads on any number of ranks)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(parallel.model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def load_sharded_state(parallel: Replicated | Sharded, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                       *, full: bool = False) -> None:
+    """Put ``state`` (``sharded_state``'s form, filled by a load) into the model and optimizer; ``full``: it holds
+    whole tensors (a consolidated checkpoint), which each rank cuts to its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(parallel.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(full_state_dict=full))
