@@ -108,8 +108,7 @@ class CheckpointStore:
         self.wait()
         tmp = self.root / broadcast_object(dist, f".tmp-step-{step:09d}-{uuid.uuid4().hex[:8]}")
         final = self.root / f"step-{step:09d}"
-        if dist.is_main:
-            tmp.mkdir(parents=True)
+        tmp.mkdir(parents=True, exist_ok=True)  # every rank's writer makes the folder of its shards
         copy = _host_copy(state) if dist.is_main else None
         with space_checked(final, state_bytes(shards) if dist.is_main else None):
             written = dcp.async_save(shards, checkpoint_id=str(tmp / SHARDS_DIR), process_group=group)

@@ -309,11 +309,13 @@ class _Loop:
         if state["loader"] is not None:
             self.train_loader.load_state_dict(state["loader"])
         in_epoch = self._steps_done_in_epoch(state)
-        # The rest of the run in this world's steps (more of them on fewer ranks), for the LR schedule too.
+        # The rest of the run in this world's steps (more of them on fewer ranks); the LR schedule goes on by the
+        # samples trained, whatever the steps are worth now.
         tc = cfg.train
         self.total_steps = state["step"] + (self.steps_per_epoch - in_epoch) + self.steps_per_epoch * (
             tc.epochs - state["epoch"] - 1)
-        self.scheduler.lr_lambdas[0].total_steps = self.total_steps
+        if state["world_size"] != ctx.dist.world_size:
+            self.scheduler.lr_lambdas[0].rescale(state["step"], ctx.dist.world_size / state["world_size"])
         if state["world_size"] == ctx.dist.world_size:
             restore_rng(state["rng"][ctx.dist.rank])
         else:
@@ -364,16 +366,29 @@ class _Loop:
 
 
 class LrFactor:
-    """Picklable LR multiplier (LambdaLR keeps a callable object's state in its state_dict)."""
+    """Picklable LR multiplier (LambdaLR keeps a callable object's state in its state_dict), a function of the
+    training done: warm-up and schedule are in the first world's steps, and a resume on another number of ranks
+    (``rescale``) maps its steps onto them by the samples each takes, so the LR goes on from where it was."""
 
     def __init__(self, tc: TrainConfig, total_steps: int):
         self.schedule, self.warmup_steps, self.total_steps = tc.lr_schedule, tc.warmup_steps, total_steps
+        # Since step ``origin_step`` (the last resume on another world), each step is ``scale`` first-world steps.
+        self.origin_step, self.origin_done, self.scale = 0, 0.0, 1.0
+
+    def rescale(self, step: int, ratio: float) -> None:
+        """From ``step`` on, each step takes ``ratio`` times the samples of the steps before it."""
+        self.origin_done, self.origin_step, self.scale = self.done(step), step, self.scale * ratio
+
+    def done(self, step: int) -> float:
+        """The training done after ``step`` steps, in the first world's steps."""
+        return self.origin_done + (step - self.origin_step) * self.scale
 
     def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
+        done = self.done(step)
+        if done < self.warmup_steps:
+            return (done + 1) / self.warmup_steps
         if self.schedule == "cosine":
-            progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
+            progress = (done - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
             return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         return 1.0
 

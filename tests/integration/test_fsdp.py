@@ -60,3 +60,80 @@ def test_fsdp_losses_match_ddp_over_the_first_20_steps(demo_parquet, tmp_path):
     # The whole model, gathered from the shards, is what was exported and registered.
     assert Path(fsdp["model_files"]["network"]).exists()
     assert len(fsdp["param_digests"]) == 1
+
+
+SAVED = 20  # the checkpoint resumed: mid-way through the first epoch of the 4-rank run
+
+
+def _samples(out: Path, rank: int) -> list[list[tuple]]:
+    """The training samples ``rank`` was given, one list per micro-batch (``tests.recording_rank``)."""
+    return [[tuple(row) for row in json.loads(line)]
+            for line in (out / f"samples-rank-{rank}.jsonl").read_text().splitlines()]
+
+
+def _lrs(out: Path) -> dict[int, float]:
+    return {json.loads(line)["step"]: json.loads(line)["metrics"]["lr"]
+            for line in (out / "metrics.jsonl").read_text().splitlines() if "lr" in json.loads(line)["metrics"]}
+
+
+def _only_checkpoint(source: Path, out: Path, step: int) -> Path:
+    name = f"step-{step:09d}"
+    shutil.copytree(source / "checkpoints" / name, out / "checkpoints" / name)
+    return out / "checkpoints" / name
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_a_checkpoint_of_4_ranks_resumes_on_2_at_the_same_global_sample(demo_parquet, tmp_path, parallelism):
+    cfg, dataset = _prepare(demo_parquet, f"resize-{parallelism}", **{
+        "train.epochs": 2, "train.batch_size": 32, "train.checkpoint_every_steps": 10, "train.keep_checkpoints": 100,
+        "train.log_every_steps": 1, "train.lr_schedule": "cosine", "train.warmup_steps": 3,
+        "train.parallelism": parallelism})
+    four, two = tmp_path / "four", tmp_path / "two"
+    uninterrupted = _train(cfg, dataset, four, 4, entry="tests.recording_rank")
+    checkpoint = _only_checkpoint(four, two, SAVED)
+    assert (checkpoint / "shards").is_dir() == (parallelism == "fsdp")
+    lines: list[str] = []
+    resumed = _train(cfg, dataset, two, 2, lines, entry="tests.recording_rank")
+    assert resumed["start_step"] == SAVED and resumed["resumed_from"] == str(two / "checkpoints" / checkpoint.name)
+
+    # Samples: what the 4 ranks trained on before the checkpoint and what the 2 ranks trained on after it, in the
+    # first epoch, are each of the epoch's samples exactly once.
+    rows = dataset.rows["train"]
+    four_steps = math.ceil(math.ceil(rows / 4) / 32)
+    two_steps = math.ceil(math.ceil(rows / 2) / 32)
+    four_batches = [_samples(four, rank) for rank in range(4)]
+    epoch = {s for batches in four_batches for batch in batches[:four_steps] for s in batch}
+    assert len(epoch) == rows  # the features tell every sample apart
+    before = [s for batches in four_batches for batch in batches[:SAVED] for s in batch]
+    resumed_in_epoch = SAVED * 4 // 2  # the same samples are twice the steps on half the ranks
+    after = [s for rank in range(2) for batch in _samples(two, rank)[:two_steps - resumed_in_epoch] for s in batch]
+    assert not set(before) & set(after), "a sample trained before the checkpoint was trained again after it"
+    assert set(before) | set(after) == epoch, f"{len(epoch - set(before) - set(after))} samples skipped"
+    assert len(before) == len(set(before)) and len(after) - len(set(after)) <= 2  # at most the padding repeats
+    assert any(f"at its step {resumed_in_epoch} of {two_steps} on 2 rank(s)" in line for line in lines)
+
+    # The LR schedule goes on by the samples trained: step 21 on 2 ranks is step 20.5 of the 4-rank schedule,
+    # and both runs end at its end.
+    four_lrs, two_lrs = _lrs(four), _lrs(two)
+    assert four_lrs[SAVED] > two_lrs[SAVED + 1] > four_lrs[SAVED + 1]
+    assert two_lrs[max(two_lrs)] == pytest.approx(four_lrs[max(four_lrs)], abs=1e-4)
+    assert resumed["steps"] == SAVED + (two_steps - resumed_in_epoch) + two_steps
+    if parallelism == "fsdp":
+        _same_as_from_the_whole_checkpoint(cfg, dataset, checkpoint, resumed, tmp_path / "whole")
+
+
+def _same_as_from_the_whole_checkpoint(cfg, dataset, checkpoint: Path, resumed: dict, out: Path) -> None:
+    """The 4 ranks' shards, resharded for 2 by torch.distributed.checkpoint, reach the same final parameters as a
+    2-rank continuation from the same checkpoint consolidated into whole tensors (which each rank cuts itself)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from pipeline.train.checkpoint import CheckpointStore, load_state
+
+    dcp_to_torch_save(checkpoint / "shards", out.parent / "whole.pt")
+    whole = torch.load(out.parent / "whole.pt", weights_only=True)
+    assert sorted(whole) == ["model", "optimizer"]
+    CheckpointStore(out / "checkpoints").save(SAVED, load_state(checkpoint) | whole)
+    reference = _train(cfg, dataset, out, 2)
+    assert reference["start_step"] == SAVED and reference["steps"] == resumed["steps"]
+    assert reference["param_digests"] == resumed["param_digests"]
