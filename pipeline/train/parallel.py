@@ -109,6 +109,9 @@ class Sharded:
         for unit in units:
             fully_shard(unit, **options)
         fully_shard(model, **options)
+        # What the root's first forward would do (FSDP2 has no public call for it): done now, so that a forward
+        # entering below the root (peft's generate calls the wrapped model's own) finds every unit under it.
+        model._get_fsdp_state()._lazy_init()
         self.model = self.wrapped = model
         self.units = len(units)
         self._reshard_after_forward = tc.reshard_after_forward

@@ -137,3 +137,41 @@ def _same_as_from_the_whole_checkpoint(cfg, dataset, checkpoint: Path, resumed: 
     reference = _train(cfg, dataset, out, 2)
     assert reference["start_step"] == SAVED and reference["steps"] == resumed["steps"]
     assert reference["param_digests"] == resumed["param_digests"]
+
+
+def test_llm_sft_with_lora_trains_sharded_by_decoder_layer_and_exports_the_whole_merged_model(pipeline_home,
+                                                                                              tmp_path):
+    """The language model sharded one unit per decoder layer (the recipe's ``shard_units``), activations
+    recomputed per layer, LoRA's adapters trained on frozen shards; the baseline generates text on each rank from
+    the gathered model; the export is the merged whole model, as with DDP."""
+    from pipeline.recipes import get_recipe
+    from pipeline.recipes.llm_sft import demo
+
+    data = demo.write_addition(pipeline_home / "inputs" / "llm_fsdp" / "additions.jsonl", rows=400)
+    cfg = get_recipe("llm_sft").config("tiny").with_overrides({
+        "data.input_path": str(data), "model.lora": True, "model.lora_rank": 4, "train.epochs": 2,
+        "model.eval_max_examples": 8, "train.parallelism": "fsdp", "train.activation_checkpointing": True})
+    dataset = stages.prepare_data(cfg, stages.RunInfo("llm_fsdp", "prep"))
+
+    def train(cfg, out: Path, lines: list[str]) -> dict:
+        out.mkdir()
+        (out.parent / f"{out.name}.json").write_text(json.dumps(cfg.to_dict()))
+        run_torchrun(["-m", "pipeline.rank", "--recipe", "llm_sft", "--config", str(out.parent / f"{out.name}.json"),
+                      "--dataset", dataset.uri, "--out", str(out)], job_dir=out, nproc_per_node=2,
+                     emit=lines.append)
+        return json.loads((out / "result.json").read_text())
+
+    lines: list[str] = []
+    result = train(cfg, tmp_path / "fsdp", lines)
+    ddp = train(cfg.with_overrides({"train.parallelism": "ddp"}), tmp_path / "ddp", [])
+    layers = cfg.model.num_layers
+    assert any(f"fsdp over {layers + 1} units" in line for line in lines), "\n".join(lines[-20:])
+    assert result["baseline_metrics"] == pytest.approx(ddp["baseline_metrics"], rel=1e-4)
+    assert result["metrics"]["val_loss"] < result["baseline_metrics"]["test_loss"]
+    assert result["metrics"] == pytest.approx(ddp["metrics"], rel=1e-3)
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(result["model_files"]["model_dir"])
+    assert not any("lora" in name for name, _ in model.named_parameters())  # merged into the base weights
+    assert sum(p.numel() for p in model.parameters()) > 0

@@ -114,8 +114,10 @@ def loss(cfg, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict
     with a vocabulary of tens of thousands and prompts longer than their answers, it is most of the work else."""
     target = batch["labels"][:, 1:]
     keep = (target != IGNORE_INDEX).any(0).nonzero().squeeze(1)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   logits_to_keep=keep).logits.float()
+    # No KV cache: nothing generates here, and a recomputed block (activation checkpointing) must see the inputs
+    # of its first run, not a cache that run grew.
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep,
+                   use_cache=False).logits.float()
     target = target[:, keep]
     counted = target != IGNORE_INDEX
     tokens = counted.sum().clamp_min(1)
