@@ -30,13 +30,14 @@ FAR_APART = 100_000  # periodic checkpoints never come: only the preemption's an
 MIN_STEP = 5
 
 
-@pytest.fixture(scope="module")
-def job(demo_parquet, tmp_path_factory):
-    """About 150 steps per epoch on each of 2 ranks (several seconds here), a loader worker per rank."""
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def job(demo_parquet, tmp_path_factory, request):
+    """About 150 steps per epoch on each of 2 ranks (several seconds here), a loader worker per rank; the model
+    replicated (ddp) or sharded (fsdp: every rank writes its shards of the preemption's checkpoint)."""
     cfg = tabular_mlp.config("tiny").with_overrides({
         "data.input_path": str(demo_parquet), "train.epochs": 2, "train.batch_size": 16,
         "train.checkpoint_every_steps": FAR_APART, "train.log_every_steps": 25, "train.num_workers": 1,
-        "train.lr_schedule": "cosine", "train.warmup_steps": 5,
+        "train.lr_schedule": "cosine", "train.warmup_steps": 5, "train.parallelism": request.param,
     })
     dataset = stages.prepare_data(cfg, stages.RunInfo("preemption", "prep"))
     config_path = tmp_path_factory.mktemp("preemption") / "config.json"

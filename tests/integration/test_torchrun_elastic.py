@@ -87,10 +87,13 @@ def _newest_checkpoint(folder: Path) -> int:
     return max(steps, default=0)
 
 
-def test_losing_one_of_two_nodes_resumes_on_the_other_at_the_same_sample(namespace, demo_parquet, tmp_path):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_losing_one_of_two_nodes_resumes_on_the_other_at_the_same_sample(namespace, demo_parquet, tmp_path,
+                                                                         parallelism):
     cfg = tabular_mlp.config("tiny").with_overrides({
         "data.input_path": str(demo_parquet), "train.epochs": 1, "train.batch_size": 4, "train.num_workers": 1,
         "train.checkpoint_every_steps": CHECKPOINT_EVERY, "train.log_every_steps": 50,
+        "train.parallelism": parallelism,  # fsdp: the 2 ranks' shards resharded onto the 1 left
     })
     dataset = stages.prepare_data(cfg, stages.RunInfo("elastic", "prep"))
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
