@@ -2,7 +2,9 @@
 # GPU check of the llm_sft recipe (not a test; needs one NVIDIA GPU, e.g. an H200, and the project's venv):
 #   1. prepares a synthetic corpus (byte-level BPE trained in-process, packed 2,048-token sequences),
 #   2. trains llm_sft from scratch on a ~650M-parameter Llama-style config (bf16 autocast, sdpa,
-#      torch.compile) on one GPU and prints tokens/s and MFU (target: MFU >= 45%),
+#      torch.compile) on one GPU and prints tokens/s and MFU (target: MFU >= 45%); then the same under
+#      train.parallelism=fsdp in bf16 (one rank: the loop's throughput and MFU with the FSDP wrapper, its
+#      mixed-precision policy and per-layer units; no communication, not compiled) beside it,
 #   3. runs the image and tabular demos once with nccl,
 #   4. with the unsloth toolchain built (make toolchain NAME=unsloth), one rank of Unsloth LoRA fine-tuning on a
 #      ~50M-parameter Llama-style checkpoint with its GPU kernels, and prints its tokens/s.
@@ -51,7 +53,7 @@ from pipeline.recipes import get_recipe
 
 out = Path(sys.argv[1])
 cfg = get_recipe("llm_sft").config().with_overrides({
-    "data.input_path": str(out / "corpus"), "data.format": "jsonl", "data.tokenizer_path": str(out / "tokenizer"),
+    "data.input_path": str(out / "corpus"), "data.key_column": "", "data.format": "jsonl", "data.tokenizer_path": str(out / "tokenizer"),
     "data.max_seq_len": 2048, "data.packing": True, "data.workers": 16, "data.val_fraction": 0.01,
     "data.test_fraction": 0.01})
 started = time.perf_counter()
@@ -63,21 +65,32 @@ PYEOF
 
 [ -z "${PREPARE_ONLY:-}" ] || exit 0
 
-# 2. ~650M parameters: 24 layers, hidden 1536, 12 heads of 128 (4 key/value heads), SwiGLU 4096, vocab ~32k.
-rm -rf "$OUT/train"
-$PY -m torch.distributed.run --standalone --nproc-per-node=1 -m pipeline.train --recipe llm_sft --dataset "$URI" \
-  --out "$OUT/train" \
-  --set model.hidden_size=1536 --set model.num_layers=24 --set model.num_heads=12 --set model.num_kv_heads=4 \
-  --set model.intermediate_size=4096 --set model.compile=true --set model.eval_max_examples=32 \
-  --set train.precision=bf16 --set train.batch_size=8 --set train.epochs=1 --set train.learning_rate=3e-4 \
-  --set train.log_every_steps=20 --set train.checkpoint_every_steps=0 --set launch.backend=nccl \
-  --set train.warmup_steps=20 2>&1 | tee "$OUT/train.log" | grep -E "training on|step [0-9]+/|saved model" || true
-$PY - "$OUT/train/result.json" <<'PYEOF'
+# 2. ~650M parameters: 24 layers, hidden 1536, 12 heads of 128 (4 key/value heads), SwiGLU 4096, vocab ~32k, from
+# scratch (no pretrained checkpoint, no LoRA); with ddp (compiled) and with fsdp (bf16 parameters, fp32 reduction).
+train_llm() {  # NAME, then extra --set arguments
+  local name=$1; shift
+  rm -rf "$OUT/$name"
+  $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m pipeline.rank --recipe llm_sft --dataset "$URI" \
+    --out "$OUT/$name" --set model.pretrained_path= --set model.lora=false --set 'model.lora_layers=[]' \
+    --set model.hidden_size=1536 --set model.num_layers=24 --set model.num_heads=12 --set model.num_kv_heads=4 \
+    --set model.intermediate_size=4096 --set model.eval_max_examples=32 \
+    --set train.precision=bf16 --set train.batch_size=8 --set train.epochs=1 --set train.learning_rate=3e-4 \
+    --set train.log_every_steps=20 --set train.checkpoint_every_steps=0 --set launch.backend=nccl \
+    --set train.warmup_steps=20 "$@" 2>&1 | tee "$OUT/$name.log" | grep -E "training on|step [0-9]+/|saved model" || true
+  $PY - "$OUT/$name/result.json" "$name" <<'PYEOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r["throughput"]
-print(f"llm_sft: {r['steps']} steps, {t.get('tokens_per_s', 0):,.0f} tokens/s, MFU {t.get('mfu', float('nan')):.1%} "
-      f"(target >= 45%), {r['precision']}, train wall {r['train_wall_s']}s")
+print(f"llm_sft {sys.argv[2]} ({r['parallelism']}): {r['steps']} steps, {t.get('tokens_per_s', 0):,.0f} tokens/s, "
+      f"MFU {t.get('mfu', float('nan')):.1%} (target >= 45% for ddp), {r['precision']}, train wall {r['train_wall_s']}s")
+PYEOF
+}
+train_llm train --set model.compile=true
+train_llm train-fsdp --set train.parallelism=fsdp
+$PY - "$OUT/train/result.json" "$OUT/train-fsdp/result.json" <<'PYEOF'
+import json, sys
+ddp, fsdp = (json.load(open(path))["throughput"] for path in sys.argv[1:3])
+print(f"fsdp/ddp tokens/s on one GPU: {fsdp['tokens_per_s'] / ddp['tokens_per_s']:.2f} (ddp compiled, fsdp not)")
 PYEOF
 
 # 3. The image and tabular demos once on this GPU with nccl (one rank).

@@ -68,6 +68,7 @@ RECIPE = Recipe(
         "widths": "model.widths",
         "depth": "model.depth",
         "augment": "model.augment",
+        "parallelism": "train.parallelism",
     },
     train_spec="pipeline.recipes.image_classifier.train:SPEC",
     demo_path="fashion-mnist",

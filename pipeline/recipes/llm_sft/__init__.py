@@ -126,6 +126,7 @@ RECIPE = Recipe(
         "packing": "data.packing",
         "lora": "model.lora",
         "lora_rank": "model.lora_rank",
+        "parallelism": "train.parallelism",
     },
     train_spec="pipeline.recipes.llm_sft.train:SPEC",
     demo_path="wordnet-pos/questions.jsonl",

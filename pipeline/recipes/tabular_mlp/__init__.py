@@ -64,6 +64,7 @@ RECIPE = Recipe(
         "input_path": "data.input_path",
         "label_column": "data.label_column",
         "hidden_sizes": "model.hidden_sizes",
+        "parallelism": "train.parallelism",
     },
     train_spec="pipeline.recipes.tabular_mlp.train:SPEC",
     demo_path="tabular_demo.parquet",
