@@ -113,9 +113,8 @@ class _Loop:
             world_size=dist.world_size, flops_per_sample=None if self.spec.tokens else flops,
             flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device))
         baseline = self._baseline() if not resumed else None
-        ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, "
-                + (f"fsdp over {self.parallel.units + 1} units, " if self.parallel.sharded else "")
-                + 
+        sharding = f"fsdp over {self.parallel.units + 1} units, " if self.parallel.sharded else ""
+        ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, {sharding}"
                 f"{'bf16 autocast' if self.use_bf16 else 'fp32'}: {self.data.rows('train')} train rows, "
                 f"{self.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {self.total_steps} steps "
                 f"(batch {tc.batch_size} x {tc.grad_accum_steps} accumulation x {dist.world_size} ranks)"
@@ -237,9 +236,9 @@ class _Loop:
         return ctx.finish(result)
 
     def _whole_model(self, full_state: dict[str, torch.Tensor]) -> torch.nn.Module:
-        """Rank 0's whole trained model for the export: the model itself with ddp; with fsdp, the recipe's model
-        built afresh in host memory and given the gathered parameters."""
-        if not self.parallel.sharded:
+        """Rank 0's whole trained model for the export: the model itself with ddp; with fsdp (or blocks wrapped for
+        activation checkpointing), the recipe's model built afresh in host memory and given the gathered parameters."""
+        if not self.parallel.sharded and not self.cfg.train.activation_checkpointing:
             return self.model
         model = self.spec.build_model(self.cfg, self.data)
         model.load_state_dict(full_state)

@@ -1,6 +1,7 @@
 """The pods' exact commands and environments (rendered from the Job manifest as the kubelet would) run
 as 2 torchrun agents of 1 process each, rendezvousing through the rendered master address, and
-reaching the same parameters as 1 node with 2 processes.
+reaching the same parameters as 1 node with 2 processes, the model replicated (ddp) or sharded (fsdp): the
+pods are the same for both.
 
 No cluster runs here: each "pod" is a network namespace (``ip netns``) joined to the other by a veth
 pair, with the pod's hostname (``unshare --uts``) and an /etc/hosts in which the rendered
@@ -30,29 +31,32 @@ from tests.kube_standin import rendered_pod
 pytestmark = pytest.mark.distributed
 
 SCRIPT = textwrap.dedent("""
-    import json, os
+    import json, os, sys
     import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from pipeline.config import TrainConfig
+    from pipeline.train import distributed
+    from pipeline.train.parallel import parallelize
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    ctx = distributed.setup("gloo")
+    rank, world = ctx.rank, ctx.world_size
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    parallel = parallelize(model, ctx, TrainConfig(parallelism=sys.argv[1]), bf16=False)  # ddp or fsdp
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own shard
     for step in range(10):
         x = torch.randn(32, 8, generator=data)
         y = torch.randint(0, 3, (32,), generator=data)
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(parallel.wrapped(x), y).backward()
         optimizer.step()
     print(f"rank {rank} of {world}: host {os.uname().nodename}, master {os.environ['MASTER_ADDR']}", flush=True)
+    whole = parallel.full_state_dict()  # every rank gathers; rank 0 holds it
     if rank == 0:
-        params = [p.detach().double().flatten().tolist() for p in model.module.parameters()]
+        params = [t.detach().double().flatten().tolist() for t in whole.values()]
         with open(os.environ["PIPELINE_RESULT_FILE"], "w") as fh:
             json.dump({"params": params, "world": world}, fh)
-    dist.destroy_process_group()
+    distributed.teardown(ctx)
 """)
 
 
@@ -108,17 +112,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_rendered_pods_rendezvous_through_the_master_address_and_match_one_node(tmp_path, record_property):
-    script = tmp_path / "ddp_params.py"
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_rendered_pods_rendezvous_through_the_master_address_and_match_one_node(tmp_path, record_property,
+                                                                                parallelism):
+    script = tmp_path / "params.py"
     script.write_text(SCRIPT)
 
-    reference = run_torchrun([str(script)], nproc_per_node=2, job_dir=tmp_path / "one-node", emit=lambda line: None)
+    reference = run_torchrun([str(script), parallelism], nproc_per_node=2, job_dir=tmp_path / "one-node",
+                             emit=lambda line: None)
     assert reference["world"] == 2
 
     job_dir = tmp_path / "pods"
     launch = launch_config({"kind": "kubernetes", "nnodes": 2, "nproc_per_node": 1, "backend": "gloo",
                             "kubernetes": {"volumes": [f"runs:{tmp_path}"]}})
-    spec = JobSpec(entry=[str(script)], job_dir=job_dir, launch=launch, name="pods-rdzv",
+    spec = JobSpec(entry=[str(script), parallelism], job_dir=job_dir, launch=launch, name="pods-rdzv",
                    labels={"dag_id": "d", "run_id": "r", "task_id": "t", "try_number": "1"})
     m = manifests_for(Attempt(spec, 0))
     job_dir.mkdir(parents=True)
