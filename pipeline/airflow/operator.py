@@ -51,7 +51,7 @@ class TorchrunOperator(BaseOperator):
                  toolchain: str | None = None, **kwargs: Any):
         from dataclasses import fields
 
-        from pipeline.config import LaunchConfig
+        from pipeline.launch_config import LaunchConfig
         from pipeline.job.spec import launch_config
 
         names = {f.name for f in fields(LaunchConfig)}

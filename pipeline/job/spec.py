@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.config import LaunchConfig, PipelineConfig
+from pipeline.config import PipelineConfig
+from pipeline.launch_config import LaunchConfig
 from pipeline.errors import ConfigError
 from pipeline.job_files import JobFiles
 

@@ -21,14 +21,15 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from pipeline.config import PipelineConfig, TrainConfig
+from pipeline.config import PipelineConfig
 from pipeline.data.read.training_data import TrainingData
 from pipeline.stopwatch import mark, startup_line, timeline
 from pipeline.train import distributed
-from pipeline.train.checkpoint import capture_rng, is_sharded, load_shards, load_state, restore_rng
+from pipeline.train.checkpoint import capture_rng, load_state, restore_rng
 from pipeline.train.context import RunContext
 from pipeline.train.export import saved_model_files
-from pipeline.train.parallel import load_sharded_state, parallelize, sharded_state
+from pipeline.train.lr import LrFactor
+from pipeline.train.parallel import load_model_and_optimizer, parallelize, sharded_state
 from pipeline.train.preemption import Preemption, exit_preempted
 from pipeline.train.preemption import install as install_preemption
 from pipeline.train.spec import TrainSpec
@@ -303,7 +304,7 @@ class _Loop:
         if chosen is None:
             return None
         state = found.state if found else load_state(Path(chosen))
-        self._load_model_and_optimizer(Path(chosen), state)
+        load_model_and_optimizer(self.parallel, self.optimizer, Path(chosen), state)
         self.scheduler.load_state_dict(state["scheduler"])
         if state["loader"] is not None:
             self.train_loader.load_state_dict(state["loader"])
@@ -325,19 +326,6 @@ class _Loop:
                 f"{in_epoch} of {self.steps_per_epoch} on {ctx.dist.world_size} rank(s)")
         return {"step": state["step"], "epoch": state["epoch"], "in_epoch": in_epoch, "path": chosen,
                 "metrics": state["metrics"]}
-
-    def _load_model_and_optimizer(self, path: Path, state: dict[str, Any]) -> None:
-        """A sharded checkpoint's shards, resharded to this run's ranks; a whole one's tensors (ddp's, or a
-        consolidated fsdp checkpoint), which fsdp cuts to this rank's shards."""
-        if is_sharded(path):  # written by an fsdp run: its config digest, so this run's is fsdp too
-            shards = sharded_state(self.parallel, self.optimizer)
-            load_shards(path, shards)
-            load_sharded_state(self.parallel, self.optimizer, shards)
-        elif self.parallel.sharded:
-            load_sharded_state(self.parallel, self.optimizer, state, full=True)
-        else:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
 
     def _steps_done_in_epoch(self, state: dict[str, Any]) -> int:
         """Optimizer steps of the checkpoint's epoch already trained, in this world's steps: from the loader's
@@ -362,34 +350,6 @@ class _Loop:
             _accumulate(sums, stats | {"loss": loss_sum.float()})
             count += _samples(batch)
         return _means(self.ctx.dist, sums, count, "val_")
-
-
-class LrFactor:
-    """Picklable LR multiplier (LambdaLR keeps a callable object's state in its state_dict), a function of the
-    training done: warm-up and schedule are in the first world's steps, and a resume on another number of ranks
-    (``rescale``) maps its steps onto them by the samples each takes, so the LR goes on from where it was."""
-
-    def __init__(self, tc: TrainConfig, total_steps: int):
-        self.schedule, self.warmup_steps, self.total_steps = tc.lr_schedule, tc.warmup_steps, total_steps
-        # Since step ``origin_step`` (the last resume on another world), each step is ``scale`` first-world steps.
-        self.origin_step, self.origin_done, self.scale = 0, 0.0, 1.0
-
-    def rescale(self, step: int, ratio: float) -> None:
-        """From ``step`` on, each step takes ``ratio`` times the samples of the steps before it."""
-        self.origin_done, self.origin_step, self.scale = self.done(step), step, self.scale * ratio
-
-    def done(self, step: int) -> float:
-        """The training done after ``step`` steps, in the first world's steps."""
-        return self.origin_done + (step - self.origin_step) * self.scale
-
-    def __call__(self, step: int) -> float:
-        done = self.done(step)
-        if done < self.warmup_steps:
-            return (done + 1) / self.warmup_steps
-        if self.schedule == "cosine":
-            progress = (done - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        return 1.0
 
 
 def _base_result(ctx: RunContext, data: TrainingData) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from pipeline.config import TrainConfig
 from pipeline.errors import ConfigError
+from pipeline.train.checkpoint import is_sharded, load_shards
 from pipeline.train.distributed import DistContext
 
 
@@ -166,6 +168,23 @@ def sharded_state(parallel: Replicated | Sharded, optimizer: torch.optim.Optimiz
 
     model_state, optimizer_state = get_state_dict(parallel.model, optimizer)
     return {"model": model_state, "optimizer": optimizer_state}
+
+
+def load_model_and_optimizer(parallel: Replicated | Sharded, optimizer: torch.optim.Optimizer, path: Path,
+                             state: dict[str, Any]) -> None:
+    """Checkpoint ``path``'s model and optimizer (``state``: its ``state.pt``) into this run: a sharded
+    checkpoint's shards, resharded to this run's ranks (it was written by an fsdp run: its config digest, so this
+    run is fsdp too); a whole one's tensors (ddp's, or a consolidated fsdp checkpoint), which fsdp cuts to this
+    rank's shards."""
+    if is_sharded(path):
+        shards = sharded_state(parallel, optimizer)
+        load_shards(path, shards)
+        load_sharded_state(parallel, optimizer, shards)
+    elif parallel.sharded:
+        load_sharded_state(parallel, optimizer, state, full=True)
+    else:
+        parallel.model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
 
 
 def load_sharded_state(parallel: Replicated | Sharded, optimizer: torch.optim.Optimizer, state: dict[str, Any],

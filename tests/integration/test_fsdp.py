@@ -89,7 +89,7 @@ def test_a_checkpoint_of_4_ranks_resumes_on_2_at_the_same_global_sample(demo_par
         "train.log_every_steps": 1, "train.lr_schedule": "cosine", "train.warmup_steps": 3,
         "train.parallelism": parallelism})
     four, two = tmp_path / "four", tmp_path / "two"
-    uninterrupted = _train(cfg, dataset, four, 4, entry="tests.recording_rank")
+    _train(cfg, dataset, four, 4, entry="tests.recording_rank")  # uninterrupted, its checkpoints kept
     checkpoint = _only_checkpoint(four, two, SAVED)
     assert (checkpoint / "shards").is_dir() == (parallelism == "fsdp")
     lines: list[str] = []

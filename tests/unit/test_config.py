@@ -121,7 +121,7 @@ def test_the_serialized_config_carries_its_recipe_and_is_read_back_as_that_recip
 
 
 def test_what_is_trained_leaves_out_where_it_runs_and_reads_back_with_the_default_launch():
-    from pipeline.config import LaunchConfig
+    from pipeline.launch_config import LaunchConfig
     from pipeline.recipes import config_from_dict
 
     cfg = get_recipe("two_tower").config("tiny").with_overrides({

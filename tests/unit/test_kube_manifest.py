@@ -113,7 +113,7 @@ def test_every_launch_kubernetes_field_reaches_the_manifest():
     """A guard for fields added later: each one set to a non-default value changes the Job or Service."""
     from dataclasses import fields
 
-    from pipeline.config import KubernetesConfig
+    from pipeline.launch_config import KubernetesConfig
 
     base = json.dumps([serialize(o) for o in (manifests_for(Attempt(every_setting(), 0)).job, manifests_for(Attempt(every_setting(), 0)).service)])
     changed = {"image": "other:1", "image_pull_policy": "Never", "image_pull_secrets": ["x"], "namespace": "ns2",
@@ -181,7 +181,7 @@ def test_launch_kubernetes_is_chosen_per_run_by_overrides_and_checked_like_any_f
 def test_the_default_image_is_the_dockerfiles_and_runs_as_its_non_root_user():
     from pathlib import Path
 
-    from pipeline.config import KubernetesConfig
+    from pipeline.launch_config import KubernetesConfig
 
     dockerfile = (Path(__file__).parents[2] / "Dockerfile").read_text()
     users = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)

@@ -13,7 +13,7 @@ from pipeline.config import TrainConfig
 from pipeline.errors import ConfigError
 from pipeline.recipes import get_recipe
 from pipeline.train.distributed import DistContext
-from pipeline.train.loop import LrFactor
+from pipeline.train.lr import LrFactor
 from pipeline.train.parallel import Sharded, default_units, parallelize
 
 

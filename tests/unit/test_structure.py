@@ -73,6 +73,7 @@ LAYERS = [
     ["pipeline.errors"],
     ["pipeline.deployment", "pipeline.process_table", "pipeline.fast_exit", "pipeline.network", "pipeline.stopwatch",
      "pipeline.diskspace", "pipeline.config_fields", "pipeline.results", "pipeline.job_files"],  # job folder contract
+    ["pipeline.launch_config"],  # where a run trains: the config's launch section
     ["pipeline.config", "pipeline.toolchains"],
     ["pipeline.data", "pipeline.registry", "pipeline.evaluate"],
     ["pipeline.train"],  # what runs in a rank, below any recipe

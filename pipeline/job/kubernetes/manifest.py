@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from pipeline.config import KubernetesConfig, LaunchConfig
+from pipeline.launch_config import KubernetesConfig, LaunchConfig
 from pipeline.errors import ConfigError
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"

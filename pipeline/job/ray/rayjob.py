@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
-from pipeline.config import LaunchConfig
+from pipeline.launch_config import LaunchConfig
 from pipeline.errors import ConfigError
 from pipeline.job.kubernetes.manifest import (LABEL_PREFIX, check_job_folder, deserialize, node_container,
                                               node_pod_spec, object_labels, serialize)
