@@ -158,6 +158,19 @@ def test_a_worker_killed_mid_epoch_is_restarted_by_ray_and_resumes_from_the_chec
     assert result["param_digests"] == ray_run[1]["param_digests"], "the resumed run ended elsewhere"
 
 
+def test_fsdp_on_ray_trains_workers_killed_mid_epoch_resume_from_their_shards(cluster, job, ray_run, tmp_path):
+    """FSDP2 on Ray Train's process group: a worker killed after a sharded checkpoint, Ray restarts the group,
+    the shards are loaded back; the end is DDP's on the same topology (to the order of the gradient sums)."""
+    out, lines, killed = tmp_path / "out", [], {}
+    watcher = when_checkpoint(out, sigkill_rank(1, killed), CHECKPOINT_EVERY)
+    result = Job(_spec(job + ["--set", "train.parallelism=fsdp"], cluster, out, max_restarts=1)).run(lines.append)
+    watcher.join(timeout=5)
+    assert killed, "the worker was never killed"
+    assert result["parallelism"] == "fsdp" and 0 < result["start_step"] < result["steps"] == ray_run[1]["steps"]
+    assert any((out / "checkpoints").glob("step-*/shards/.metadata"))
+    assert result["metrics"] == pytest.approx(ray_run[1]["metrics"], rel=1e-3)
+
+
 def test_losing_one_of_two_nodes_resumes_on_the_node_left_at_the_same_sample(nodes, job, tmp_path):
     """Elastic (launch.min_nnodes): the worker node goes away mid-epoch; Ray Train restarts with the one worker
     that still fits and the loop resumes from the last checkpoint at the sample the two workers had reached.
@@ -182,16 +195,3 @@ def test_losing_one_of_two_nodes_resumes_on_the_node_left_at_the_same_sample(nod
     assert done == 2 * (result["start_step"] - (epoch - 1) * two_ranks)
     assert result["steps"] == result["start_step"] + (per_epoch - done) + per_epoch * (2 - epoch)
     assert any("checkpoint written by 2 ranks, resuming on 1" in line for line in lines)
-
-
-def test_fsdp_on_ray_trains_workers_killed_mid_epoch_resume_from_their_shards(cluster, job, ray_run, tmp_path):
-    """FSDP2 on Ray Train's process group: a worker killed after a sharded checkpoint, Ray restarts the group,
-    the shards are loaded back; the end is DDP's on the same topology (to the order of the gradient sums)."""
-    out, lines, killed = tmp_path / "out", [], {}
-    watcher = when_checkpoint(out, sigkill_rank(1, killed), CHECKPOINT_EVERY)
-    result = Job(_spec(job + ["--set", "train.parallelism=fsdp"], cluster, out, max_restarts=1)).run(lines.append)
-    watcher.join(timeout=5)
-    assert killed, "the worker was never killed"
-    assert result["parallelism"] == "fsdp" and 0 < result["start_step"] < result["steps"] == ray_run[1]["steps"]
-    assert any((out / "checkpoints").glob("step-*/shards/.metadata"))
-    assert result["metrics"] == pytest.approx(ray_run[1]["metrics"], rel=1e-3)
