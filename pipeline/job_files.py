@@ -5,16 +5,20 @@ The supervisor exports the folder's paths to every rank (``JobFiles.env``: ``PIP
 ``PIPELINE_CHECKPOINT_DIR``, ``PIPELINE_RESULT_FILE``, ``PIPELINE_PROGRESS_DIR``, ``PIPELINE_ERROR_DIR``); the
 ranks write, and the supervisor reads:
 
-- heartbeats: each rank's ``progress/rank-R.json`` (pid, step, total, epoch, phase, time), at most every
+- heartbeats: each rank's ``progress/rank-R.json`` (pid, host, step, total, epoch, phase, time), at most every
   ``interval_s`` and at once on an epoch or checkpoint boundary, replaced atomically; any training script can
-  call ``Heartbeat.from_env().beat(step)`` after each optimizer step. ``DUMP_SIGNAL`` makes a rank print its stacks;
+  call ``Heartbeat.from_env().beat(step)`` after each optimizer step. ``DUMP_SIGNAL`` makes a rank print its stacks.
+  A rank's own figures of its last window of steps (``Heartbeat.report``: step time, samples/s, data-wait share,
+  compute time) ride in the same file as ``windows`` (the last ``WINDOWS_KEPT``); the supervisor turns them into per-rank metrics and names
+  stragglers (``pipeline.job.telemetry``), with no collective between ranks;
 - the preemption marker: when the ranks stop on SIGTERM (an eviction, a spot reclaim), rank 0 writes
   ``progress/preempted.json`` once the checkpoint of the step they agreed on is saved, and every rank exits
   with ``PREEMPTED_EXIT_CODE``: the attempt is restarted and resumes at that step;
 - user errors: a rank that raises a ``UserError`` writes ``errors/rank-R.json`` (``user_errors_reported``)
   before it dies, and the supervisor raises it as a ``RankUserError`` (``reported_user_error``), so neither a
   restart nor a retry follows;
-- rank 0's result (``result.json``, the task's XCom) and metrics (``metrics.jsonl``, relayed to MLflow).
+- rank 0's result (``result.json``, the task's XCom) and metrics (``metrics.jsonl``, relayed to MLflow), and the
+  supervisor's per-rank metrics (``telemetry.jsonl``, relayed the same way).
 
 Standard library only: the supervisor, every rank and a toolchain's own interpreter import it.
 """
@@ -28,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -45,6 +50,8 @@ DUMP_SIGNAL = signal.SIGUSR1  # the supervisor sends it to every rank before sto
 # EX_TEMPFAIL from sysexits.h: "try again later", which is what a preempted attempt asks for.
 PREEMPTED_EXIT_CODE = 75
 PREEMPTION_FILE = "preempted.json"
+_HOST = socket.gethostname()
+WINDOWS_KEPT = 8  # a rank's last reports of its figures kept in its heartbeat file
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,14 @@ class JobFiles:
     @property
     def metrics(self) -> Path:  # rank 0's metrics, one JSON line per call; the task sends them to MLflow
         return self.root / "metrics.jsonl"
+
+    @property
+    def telemetry(self) -> Path:  # the supervisor's per-rank metrics, the same format; relayed to MLflow too
+        return self.root / "telemetry.jsonl"
+
+    @property
+    def relayed(self) -> tuple[Path, Path]:  # every file of metrics the task sends to the job's MLflow run
+        return self.metrics, self.telemetry
 
     @property
     def progress(self) -> Path:  # per-rank heartbeats, read by the stall watchdog
@@ -122,6 +137,7 @@ class Heartbeat:
         self.rank = rank
         self.interval_s = interval_s
         self._last_write = 0.0
+        self._windows: list[dict[str, Any]] = []  # the last WINDOWS_KEPT reports, oldest first
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # A stalled rank prints where it is stuck when the watchdog asks, without being stopped.
@@ -141,8 +157,18 @@ class Heartbeat:
         if not force and now - self._last_write < self.interval_s:
             return
         self._last_write = now
-        _write_atomically(self.path, {"rank": self.rank, "pid": os.getpid(), "step": step, "total": total,
-                                      "epoch": epoch, "phase": phase, "time": now})
+        beat = {"rank": self.rank, "pid": os.getpid(), "host": _HOST, "step": step, "total": total, "epoch": epoch,
+                "phase": phase, "time": now}
+        _write_atomically(self.path, beat | ({"windows": self._windows} if self._windows else {}))
+
+    def report(self, step: int, figures: dict[str, float], *, total: int | None = None,
+               epoch: int | None = None) -> None:
+        """This rank's figures over its window of steps ending at ``step`` (``Throughput.window``), written at
+        once with the position; every rank reports at the same steps. The last ``WINDOWS_KEPT`` stay in the file,
+        so a reader polling less often than windows end misses none."""
+        self._windows = self._windows[1 - WINDOWS_KEPT:] + [
+            {"step": step} | {key: float(value) for key, value in figures.items()}]
+        self.beat(step, total=total, epoch=epoch, force=True)
 
 
 def read_heartbeats(directory: Path) -> dict[int, dict[str, Any]]:

@@ -127,6 +127,12 @@ class LaunchConfig:
         600.0, "Stop the job and fail the attempt (retryable) when no training step completes for this "
         "long; 0 disables the watchdog.", min=0.0,
     )
+    straggler_ratio: float = config_field(
+        1.3, "A rank whose compute time per step is above this many times the median of the other ranks' is a "
+        "straggler (named in the task log and on the MLflow run).", min=1.0)
+    straggler_windows: int = config_field(
+        3, "Windows of train.log_every_steps steps in a row a rank must be above launch.straggler_ratio to be "
+        "named a straggler.", min=1, max=1000)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 

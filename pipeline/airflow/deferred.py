@@ -17,7 +17,8 @@ from pipeline.airflow.connections import AirflowClusters
 from pipeline.job.places import deferrable_place
 from pipeline.job.policy import Ended, Findings, decide
 from pipeline.job.spec import Attempt, JobSpec
-from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S, restarts_allowed
+from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S, restarts_allowed, with_telemetry
+from pipeline.job.telemetry import summarize, summary_line
 
 
 def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
@@ -31,7 +32,9 @@ def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
     operator.defer(
         trigger=AttemptTrigger(watch=place.watch, handle=place.handle(attempt), timeout_s=spec.launch.timeout_s,
                                stall_timeout_s=spec.launch.stall_timeout_s, progress_dir=str(spec.files.progress),
-                               created_at=time.time(), metrics=_metrics(spec)),
+                               created_at=time.time(), metrics=_metrics(spec),
+                               telemetry={"path": str(spec.files.telemetry), "ratio": spec.launch.straggler_ratio,
+                                          "windows": spec.launch.straggler_windows}),
         method_name="execute_complete", kwargs={"restart": restart, "started": started},
     )
     raise AssertionError("unreachable: defer raises TaskDeferred")
@@ -52,7 +55,10 @@ def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, st
     decision = decide(end, Findings.read(spec.files, attempt.log_dir), restart=restart,
                       max_restarts=restarts_allowed(place, spec))
     if decision.action == "finish":
-        return metrics.into(spec.files.read_result())
+        summary = summarize(spec.files.telemetry)
+        if line := summary_line(summary):
+            operator.log.info("%s", line)
+        return metrics.into(with_telemetry(spec.files.read_result(), summary))
     if decision.action == "restart":
         operator.log.info("%s", decision.notice)
         start(operator, spec, restart=restart + 1, started=started)

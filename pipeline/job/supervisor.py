@@ -14,6 +14,8 @@ A place only starts, polls and stops one attempt (``pipeline.job.places.Place``)
 - live metrics: rank 0's metrics file in the job folder goes to the job's MLflow run (``MLFLOW_RUN_ID``) while
   the job runs, and for up to ``metrics_flush_timeout_s`` after it (``pipeline.registry.metrics_relay``): ranks never
   import MLflow;
+- every rank's figures, read from the heartbeats as they come: per-rank metrics beside rank 0's, stragglers named
+  in the log, the run's per-rank summary in the result (``pipeline.job.telemetry``);
 - teardown: whatever ends an attempt (its end, a timeout, a stall, ``stop()`` from any thread, SIGTERM
   or SIGINT of the task process), the place's ``stop`` has run before the attempt returns.
 
@@ -33,6 +35,7 @@ from typing import Any, Callable
 from pipeline.job.places import Clusters, Place, place_for
 from pipeline.job.policy import STOPPED, Decision, Ended, Findings, decide
 from pipeline.job.spec import Attempt, JobSpec, resolve
+from pipeline.job.telemetry import RankTelemetry, summarize, summary_line
 from pipeline.job_files import read_heartbeats
 
 log = logging.getLogger(__name__)
@@ -54,12 +57,13 @@ class Watchdog:
         self.beats: dict[int, dict[str, Any]] = {}
 
     def check(self, now: float) -> Ended | None:
+        self.beats = read_heartbeats(self.progress_dir)  # the stall clock's, and the telemetry's
         if now - self.started > self.timeout_s:
             return Ended("timeout", f"training ran past launch.timeout_s={self.timeout_s:g}s and was stopped")
         if not self.stall_timeout_s:
             return None
-        self.beats = read_heartbeats(self.progress_dir)
-        progress = {rank: {k: v for k, v in beat.items() if k != "time"} for rank, beat in self.beats.items()}
+        progress = {rank: {k: v for k, v in beat.items() if k not in ("time", "windows")}
+                    for rank, beat in self.beats.items()}
         if progress != self.last:
             self.last, self.last_change = progress, now
         elif progress and now - self.last_change > self.stall_timeout_s:
@@ -79,6 +83,7 @@ class Supervisor:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.telemetry = telemetry_of(spec)
 
     def run(self, emit: Emit | None = None) -> dict[str, Any] | None:
         """Rank 0's result, with ``unsent_metrics`` where the job has an MLflow run to relay its metrics to."""
@@ -88,8 +93,13 @@ class Supervisor:
         previous = _forward_termination(self.stop)
         try:
             with relaying(self.spec, self.metrics_flush_timeout_s, emit) as metrics:
-                result = self._attempts(emit)
-            return metrics.into(result)
+                try:
+                    result = self._attempts(emit)
+                finally:
+                    summary = summarize(self.spec.files.telemetry)
+                    if line := summary_line(summary):
+                        emit(line)
+            return metrics.into(with_telemetry(result, summary))
         finally:
             _restore(previous)
 
@@ -114,11 +124,14 @@ class Supervisor:
             return decide(Ended("stopped", STOPPED), Findings(), restart=attempt.restart, max_restarts=0)
         self.spec.files.begin_attempt(attempt.restart)
         self._tail.clear()
+        self.telemetry.new_attempt()
         try:
             self.place.start(attempt, emit)
             end = self._wait(emit)
         finally:
             self.place.stop(self.spec.launch.grace_period_s)  # whatever ended the wait, nothing outlives it
+            for line in self.telemetry.update(read_heartbeats(self.spec.files.progress)):  # the last windows
+                emit(line)
         if self._stopped.is_set() and end.status != "succeeded":
             end = Ended("stopped", STOPPED)
         return decide(end, Findings.read(self.spec.files, attempt.log_dir), restart=attempt.restart,
@@ -135,6 +148,8 @@ class Supervisor:
             if self._stopped.is_set():
                 return Ended("stopped", STOPPED)
             verdict = watchdog.check(time.monotonic())
+            for line in self.telemetry.update(watchdog.beats):
+                emit(line)
             if verdict is not None:
                 emit(verdict.message)
                 if verdict.status == "stalled":
@@ -185,6 +200,18 @@ def _restore(previous) -> None:
     if previous:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def telemetry_of(spec: JobSpec) -> RankTelemetry:
+    """The job's per-rank telemetry, as its ``launch`` section asks."""
+    return RankTelemetry(spec.files.telemetry, ratio=spec.launch.straggler_ratio, windows=spec.launch.straggler_windows)
+
+
+def with_telemetry(result: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank 0's result with the run's per-rank figures and stragglers (``summarize``), where the ranks reported any."""
+    if not isinstance(result, dict) or not summary["ranks"]:
+        return result
+    return result | {"ranks": summary["ranks"], "stragglers": summary["stragglers"]}
 
 
 def restarts_allowed(place: Place, spec: JobSpec) -> int:

@@ -1,4 +1,4 @@
-"""Rank 0's metrics, sent to the job's MLflow run by the task that supervises the job.
+"""Rank 0's metrics, and the supervisor's per-rank ones, sent to the job's MLflow run by the task that supervises the job.
 
 Ranks never import MLflow: rank 0 appends its metrics to the job folder's ``metrics.jsonl``
 (``pipeline.train.context.MetricsSink``), one JSON line per call, and the task relays the file to the run. Importing
@@ -7,7 +7,8 @@ first all-reduce; the task process has MLflow imported already. The job folder i
 already shares with the task (heartbeats, errors, the result), so nothing here depends on where the ranks run,
 and ranks need no route to the tracking server.
 
-What has been sent is a byte offset kept beside the file (``metrics.sent``), so the relay is stateless: the
+The supervisor's per-rank metrics (``telemetry.jsonl``, ``pipeline.job.telemetry``) have the same format and go the
+same way (``JobFiles.relayed``). What has been sent is a byte offset kept beside each file (``metrics.sent``), so the relay is stateless: the
 task relays while the job runs and drains when it ends, the triggerer relays for a deferred task, and
 ``register_model`` sends whatever is left (after an outage longer than ``train.metrics_flush_timeout_s``).
 A failed send keeps its lines and is retried with backoff; lines are marked sent only once MLflow took them.
@@ -119,14 +120,21 @@ def mlflow_sender(run_id: str, tracking_uri: str | None = None) -> Send:
     return send
 
 
+def job_metrics(path: Path) -> list[MetricsFile]:
+    """Every metrics file of the job whose rank 0 writes ``path`` (``JobFiles.metrics``): its ``JobFiles.relayed``."""
+    from pipeline.job_files import JobFiles
+
+    return [MetricsFile(relayed) for relayed in JobFiles(Path(path).parent).relayed]
+
+
 class Relay:
-    """Sends a metrics file every ``interval_s`` from a thread while a job runs. A failed send is retried with
+    """Sends a job's metrics files every ``interval_s`` from a thread while a job runs. A failed send is retried with
     backoff (the tracking server may be away); ``close`` keeps sending for up to ``timeout_s`` and returns how
     many values are still unsent (they stay in the file for ``register_model``)."""
 
-    def __init__(self, metrics: MetricsFile, send: Send, *, interval_s: float = INTERVAL_S,
+    def __init__(self, files: list[MetricsFile], send: Send, *, interval_s: float = INTERVAL_S,
                  max_backoff_s: float = 10.0, emit: Callable[[str], None] = log.info):
-        self.metrics, self._send, self._emit = metrics, send, emit
+        self.files, self._send, self._emit = files, send, emit
         self._interval_s, self._max_backoff_s = interval_s, max_backoff_s
         self._wake, self._closing, self._abandon = threading.Event(), threading.Event(), threading.Event()
         self._outage_since: float | None = None
@@ -140,10 +148,10 @@ class Relay:
         self._thread.join(timeout_s)
         self.abandon()
         self._thread.join(30.0)  # a send in flight finishes or times out (MLFLOW_HTTP_REQUEST_TIMEOUT)
-        unsent = self.metrics.unsent()
+        unsent = sum(metrics.unsent() for metrics in self.files)
         if unsent:
             self._emit(f"tracking server still unreachable: {unsent} metric values not yet sent; they stay in "
-                       f"{self.metrics.path} and register_model sends them")
+                       f"{', '.join(str(m.path) for m in self.files if m.unsent())} and register_model sends them")
         return unsent
 
     def abandon(self) -> None:
@@ -156,7 +164,8 @@ class Relay:
         while not self._abandon.is_set():
             closing = self._closing.is_set()
             try:
-                self.sent += self.metrics.send(self._send)
+                for metrics in self.files:
+                    self.sent += metrics.send(self._send)
             except Exception as exc:  # the lines stay past the sent mark: the server may come back
                 if self._outage_since is None:
                     self._outage_since = time.monotonic()
@@ -198,7 +207,7 @@ def relaying(spec, flush_timeout_s: float, emit: Callable[[str], None] = log.inf
         yield relayed
         return
     sender = mlflow_sender(run_id, spec.env.get("MLFLOW_TRACKING_URI") or None)
-    relay = Relay(MetricsFile(spec.files.metrics), sender, emit=emit)
+    relay = Relay([MetricsFile(path) for path in spec.files.relayed], sender, emit=emit)
     try:
         yield relayed
     except BaseException:
@@ -215,9 +224,8 @@ def flushed(spec, flush_timeout_s: float, emit: Callable[[str], None] = log.info
 
 
 def send_rest(path: Path, run_id: str) -> int:
-    """Send what a job's relay left unsent in its metrics file (``register_model``; a deferred task back on a
-    worker); raises if the tracking server does not take it."""
-    metrics = MetricsFile(path)
-    if not metrics.path.exists():
-        return 0
-    return metrics.send(mlflow_sender(run_id))
+    """Send what a job's relay left unsent in its metrics files (rank 0's at ``path``, and the rest of
+    ``job_metrics``) (``register_model``; a deferred task back on a worker); raises if the tracking server does not
+    take it."""
+    send = mlflow_sender(run_id)
+    return sum(metrics.send(send) for metrics in job_metrics(path) if metrics.path.exists())

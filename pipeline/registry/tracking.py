@@ -127,6 +127,13 @@ def log_metrics_now(run_id: str, metrics: dict[str, float], step: int = 0) -> No
     client().log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
 
+def set_tags(run_id: str, tags: dict[str, str]) -> None:
+    """Set (or replace) tags of a run in one call."""
+    from mlflow.entities import RunTag
+
+    client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
 def log_dataset_input(run_id: str, *, name: str, digest: str, source_uri: str, profile: dict[str, Any]) -> None:
     """Record the dataset version as the run's training input (name, digest, source), once."""
     import json

@@ -49,6 +49,7 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
 
 def trained_model(spec, result: dict[str, Any] | None, wall_s: float) -> TrainedModel:
     """The job's end as a ``TrainedModel``: rank 0's result file and the MLflow run's address."""
+    from pipeline.job.telemetry import describe_stragglers
     from pipeline.registry import tracking
     from pipeline.registry.links import run_url
 
@@ -56,6 +57,8 @@ def trained_model(spec, result: dict[str, Any] | None, wall_s: float) -> Trained
         raise RuntimeError(f"training ended without writing {spec.files.result}")
     mlflow_run_id = spec.env["MLFLOW_RUN_ID"]
     experiment_id = tracking.experiment_id_of(mlflow_run_id)
+    if "stragglers" in result:  # the ranks reported their figures (pipeline.job.telemetry)
+        tracking.set_tags(mlflow_run_id, {"stragglers": describe_stragglers(result["stragglers"])})
     # Rank 0's result file: the contract's fields, and the rest (steps, resumed_from, throughput) as details.
     named = ("model_files", "metrics", "world_size", "backend", "dataset_version", "samples_per_s",
              "baseline_metrics")

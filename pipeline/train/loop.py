@@ -112,7 +112,9 @@ class _Loop:
         flops = 6.0 * sum(p.numel() for p in self.model.parameters())
         meter = self.meter = Throughput(
             world_size=dist.world_size, flops_per_sample=None if self.spec.tokens else flops,
-            flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device))
+            flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device),
+            device=dist.device)
+        meter.watch(self.model)  # inside the DDP wrapper: its forward's buffer broadcast waits for the other ranks
         baseline = self._baseline() if not resumed else None
         sharding = f"fsdp over {self.parallel.units + 1} units, " if self.parallel.sharded else ""
         ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, {sharding}"
@@ -167,6 +169,8 @@ class _Loop:
                 ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1)
                 if step % tc.log_every_steps == 0 or step == self.total_steps:
                     figures = meter.window()
+                    # Every rank's own figures, for the supervisor (per-rank metrics, stragglers).
+                    ctx.heartbeat.report(step, figures, total=self.total_steps, epoch=epoch + 1)
                     if dist.is_main:
                         _progress_line(epoch, tc.epochs, step, self.total_steps, start_step, step_loss.item(),
                                        figures, loop_started)

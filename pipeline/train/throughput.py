@@ -1,5 +1,5 @@
 """Step-level throughput: samples/s, tokens/s, step time, data-wait fraction, the shares of the loop's own
-work (checkpoints, validation, preemption checks) and, on GPUs, MFU."""
+work (checkpoints, validation, preemption checks), each rank's own compute time and, on GPUs, MFU."""
 
 from __future__ import annotations
 
@@ -29,7 +29,59 @@ def peak_flops(device) -> float | None:
 
 
 def _empty() -> dict:
-    return {"steps": 0, "samples": 0, "tokens": 0, "phases": {"data_wait": 0.0}, "start": time.perf_counter()}
+    return {"steps": 0, "samples": 0, "tokens": 0, "compute_s": 0.0, "phases": {"data_wait": 0.0},
+            "start": time.perf_counter()}
+
+
+class ComputeClock:
+    """Times one rank's own work, the training forward passes of its model (``watch``: the model inside the DDP
+    wrapper, whose buffer broadcast is a collective), on the device's clock: CUDA events on a GPU (recorded without
+    waiting, read once per window), the host's otherwise. Step times are the same on every rank of a synchronous
+    job (the fast ones wait for the slowest in the collectives); this time is not, which is what names a slow rank
+    (``pipeline.job.telemetry``)."""
+
+    def __init__(self, device=None):
+        self.cuda = getattr(device, "type", None) == "cuda"
+        self._events: list = []
+        self._seconds = 0.0
+        self._began: float | object | None = None
+
+    def watch(self, module) -> None:
+        """Time every forward pass of ``module`` in training mode (hooks; with activation checkpointing the
+        recomputation in backward counts too)."""
+        module.register_forward_pre_hook(lambda mod, args: self.start() if mod.training else None, prepend=True)
+        module.register_forward_hook(lambda mod, args, out: self.stop() if mod.training else None)
+
+    def start(self) -> None:
+        if self.cuda:
+            import torch
+
+            self._began = torch.cuda.Event(enable_timing=True)
+            self._began.record()
+        else:
+            self._began = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._began is None:
+            return
+        if self.cuda:
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((self._began, end))
+        else:
+            self._seconds += time.perf_counter() - self._began
+        self._began = None
+
+    def take(self) -> float:
+        """Seconds timed since the last call (on a GPU this waits for the last timed pass to finish)."""
+        if self._events:
+            self._events[-1][1].synchronize()
+            self._seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1e3
+            self._events = []
+        seconds, self._seconds = self._seconds, 0.0
+        return seconds
 
 
 @dataclass
@@ -45,8 +97,16 @@ class Throughput:
     flops_per_sample: float | None = None
     peak_flops_per_s: float | None = None
     flops_per_token: float | None = None
+    device: object = None
     _window: dict = field(default_factory=lambda: _empty())
     _total: dict = field(default_factory=lambda: _empty())
+
+    def __post_init__(self) -> None:
+        self.clock = ComputeClock(self.device)
+
+    def watch(self, module) -> None:
+        """Time ``module``'s training forward passes as this rank's own work (``compute_s``: seconds per step)."""
+        self.clock.watch(module)
 
     def data_wait(self, seconds: float) -> None:
         """Time this rank spent blocked on the data loader (``data_wait_fraction``, reported always)."""
@@ -71,6 +131,9 @@ class Throughput:
 
     def window(self) -> dict[str, float]:
         """Figures since the previous call (for progress lines and step metrics); starts a new window."""
+        seconds = self.clock.take()
+        for acc in (self._window, self._total):
+            acc["compute_s"] += seconds
         figures = self._figures(self._window)
         self._window = _empty()
         return figures
@@ -84,6 +147,7 @@ class Throughput:
         figures = {
             "samples_per_s": acc["samples"] * self.world_size / elapsed,
             "step_time_s": elapsed / max(acc["steps"], 1),
+            "compute_s": acc["compute_s"] / max(acc["steps"], 1),
         } | {f"{phase}_fraction": min(seconds / elapsed, 1.0) for phase, seconds in acc["phases"].items()}
         if acc["tokens"]:
             figures["tokens_per_s"] = acc["tokens"] * self.world_size / elapsed

@@ -101,6 +101,11 @@ def test_runs_register_promote_and_compare_with_the_champion(airflow_db, demo_pa
     assert two["gate"]["primary"]["champion"] == pytest.approx(metrics["accuracy"], abs=1e-6)
     train_loss = client().get_metric_history(mlflow_run.info.run_id, "train_loss")
     assert len(train_loss) == TINY["epochs"]
+    # Every rank's own figures (pipeline.job.telemetry), relayed beside rank 0's metrics, and the stragglers tag.
+    for rank in range(int(tags["launch.world_size"])):
+        for figure in ("compute_s", "step_time_s", "samples_per_s", "data_wait_fraction", "straggler_score"):
+            assert client().get_metric_history(mlflow_run.info.run_id, f"rank_{rank}/{figure}"), (rank, figure)
+    assert "stragglers" in tags
 
     # Airflow -> MLflow: the "MLflow" extra link of train, register_model and evaluate.
     links = _extra_links(second.run_id, "_link_MlflowLink")

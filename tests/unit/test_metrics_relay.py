@@ -75,7 +75,7 @@ def test_the_relay_keeps_what_the_server_refuses_and_sends_it_when_it_is_back(tm
     path = tmp_path / "metrics.jsonl"
     sink, send, messages = MetricsSink(path), Recorder(), []
     send.down.set()
-    relay = Relay(MetricsFile(path), send, interval_s=0.05, max_backoff_s=0.1, emit=messages.append)
+    relay = Relay([MetricsFile(path)], send, interval_s=0.05, max_backoff_s=0.1, emit=messages.append)
     for step in range(20):
         sink.log({"step_loss": float(step)}, step=step)
     assert relay.close(timeout_s=0.5) == 20  # still down at the end: all of it stays in the file
@@ -83,7 +83,7 @@ def test_the_relay_keeps_what_the_server_refuses_and_sends_it_when_it_is_back(tm
     assert any("register_model sends them" in m for m in messages)
 
     send.down.clear()  # the server is back: the next relay (register_model's) sends exactly what was left
-    relay = Relay(MetricsFile(path), send, interval_s=0.05, emit=messages.append)
+    relay = Relay([MetricsFile(path)], send, interval_s=0.05, emit=messages.append)
     sink.log({"val_loss": 0.5}, step=20)
     sink.close()
     assert relay.close(timeout_s=5) == 0
@@ -95,7 +95,7 @@ def test_the_relay_recovers_within_a_run(tmp_path):
     sink, send, messages = MetricsSink(path), Recorder(), []
     send.down.set()
     sink.log({"a": 1.0}, step=1)
-    relay = Relay(MetricsFile(path), send, interval_s=0.05, max_backoff_s=0.1, emit=messages.append)
+    relay = Relay([MetricsFile(path)], send, interval_s=0.05, max_backoff_s=0.1, emit=messages.append)
     deadline = time.monotonic() + 10
     while not messages and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -1,0 +1,153 @@
+"""Every rank's figures, and the stragglers among them, read from the ranks' heartbeats by whoever supervises the job.
+
+Each rank reports its own figures over its last window of steps in its heartbeat file (``Heartbeat.report``, every
+``train.log_every_steps`` steps, at the same steps on every rank): step time, samples (and tokens) per second,
+data-wait share, and compute time, the seconds per step of the rank's own work (its forward passes, timed on the
+device's clock). Nothing is exchanged between ranks for it. The supervisor, polling the heartbeats anyway, turns
+each window that every rank has reported into:
+
+- per-rank metrics, ``rank_R/<figure>`` at that step, appended to the job folder's ``telemetry.jsonl`` and relayed
+  to the job's MLflow run beside rank 0's metrics (``pipeline.registry.metrics_relay``);
+- a straggler score per rank: its compute time over the median of the other ranks' (``rank_R/straggler_score``;
+  ``rank_R/straggler``, the same score, in the windows where it is named).
+  Step times cannot tell: in a synchronous job every rank waits for the slowest in the all-reduce, so every rank's
+  step takes as long as the slowest rank's. A rank whose score stays above ``launch.straggler_ratio`` for
+  ``launch.straggler_windows`` windows in a row is named in the task log (and again when it recovers);
+- at the end, the run's figures per rank and the stragglers named, in the result (``ranks``, ``stragglers``) and
+  the task log; the train stage tags the MLflow run with the stragglers.
+
+With fsdp the forward passes hold the parameters' all-gathers, in which a fast rank waits for a slow one: the
+compute times come closer together and a straggler scores lower than it is.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict, deque
+from pathlib import Path
+from typing import Any
+
+# Throughput's rates are the whole job's (this rank's times the world size); per rank they are divided back.
+RATES = ("samples_per_s", "tokens_per_s")
+FIGURES = ("step_time_s", "compute_s", "data_wait_fraction", "samples_per_s", "tokens_per_s", "mfu")
+
+
+class RankTelemetry:
+    """Reads one job's windows as its ranks report them; ``new_attempt`` between attempts. Per-rank metrics go to
+    ``path`` (``JobFiles.telemetry``), where ``summarize`` reads the run's back."""
+
+    def __init__(self, path: Path | None, *, ratio: float, windows: int):
+        self.path, self.ratio, self.windows = (Path(path) if path else None), ratio, windows
+        self.new_attempt()
+
+    def new_attempt(self) -> None:
+        """The next attempt's ranks start afresh (their number may differ: an elastic restart)."""
+        self._reported: dict[int, int] = {}  # rank -> the step of its last window read
+        self._pending: dict[int, dict[int, dict[str, float]]] = {}  # step -> rank -> figures
+        self._scores: dict[int, deque[float]] = {}
+        self._slow: set[int] = set()
+
+    def update(self, beats: dict[int, dict[str, Any]]) -> list[str]:
+        """Take the windows the ranks have reported since the last call (``read_heartbeats``); returns the lines
+        for the task log (stragglers named or recovered)."""
+        for rank, beat in beats.items():
+            for figures in beat.get("windows", []):
+                if figures["step"] > self._reported.get(rank, -1):
+                    self._reported[rank] = figures["step"]
+                    self._pending.setdefault(int(figures["step"]), {})[rank] = figures | {"host": beat.get("host")}
+        lines = []
+        for step in sorted(self._pending):
+            window = self._pending[step]
+            if set(beats) <= set(window):
+                lines += self._take(step, self._pending.pop(step))
+            elif all(self._reported.get(rank, -1) > step for rank in set(beats) - set(window)):
+                del self._pending[step]  # a rank's window was gone before it was read: skipped, not waited for
+            else:
+                break
+        return lines
+
+    def _take(self, step: int, window: dict[int, dict[str, float]]) -> list[str]:
+        ranks = len(window)
+        values: dict[str, float] = {}
+        lines = []
+        for rank, figures in sorted(window.items()):
+            own = {k: figures[k] / ranks if k in RATES else figures[k] for k in FIGURES if k in figures}
+            others = [f["compute_s"] for r, f in window.items() if r != rank and "compute_s" in f]
+            median = statistics.median(others) if others else 0.0
+            if median > 0 and "compute_s" in figures:
+                own["straggler_score"] = figures["compute_s"] / median
+                lines += self._judge(rank, step, own["straggler_score"], figures.get("host"))
+                if rank in self._slow:  # named: the summary's stragglers are read back from these
+                    own["straggler"] = own["straggler_score"]
+            values |= {f"rank_{rank}/{key}": round(value, 6) for key, value in own.items()}
+        self._append(step, values)
+        return lines
+
+    def _judge(self, rank: int, step: int, score: float, host: str | None) -> list[str]:
+        scores = self._scores.setdefault(rank, deque(maxlen=self.windows))
+        scores.append(score)
+        where = f"rank {rank}" + (f" on {host}" if host else "")
+        if len(scores) == self.windows and min(scores) > self.ratio:
+            if rank not in self._slow:
+                self._slow.add(rank)
+                return [f"straggler: {where} computes {score:.2f}x as long per step as the median of the other "
+                        f"ranks, above launch.straggler_ratio={self.ratio:g} for {self.windows} windows in a row "
+                        f"(at step {step}); every rank's step waits for it"]
+        elif rank in self._slow and score <= self.ratio:
+            self._slow.discard(rank)
+            return [f"{where} is no longer a straggler at step {step} ({score:.2f}x the median of the other ranks)"]
+        return []
+
+    def _append(self, step: int, values: dict[str, float]) -> None:
+        if self.path is None or not values:
+            return
+        row = {"step": step, "timestamp": int(time.time() * 1000), "metrics": values}
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+
+def summarize(path: Path) -> dict[str, Any]:
+    """The run's figures from its ``telemetry.jsonl`` (every attempt's, whichever process supervised it): each
+    rank's mean figures over its windows, and the stragglers named (rank -> the highest score it reached while
+    named)."""
+    sums: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    counts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    stragglers: dict[int, float] = {}
+    path = Path(path)
+    lines = path.read_text().splitlines() if path.exists() else []
+    for line in lines:
+        try:
+            values = json.loads(line)["metrics"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a killed supervisor
+        for name, value in values.items():
+            rank, key = name.removeprefix("rank_").split("/", 1)
+            if key == "straggler":
+                stragglers[int(rank)] = max(stragglers.get(int(rank), 0.0), float(value))
+            else:
+                sums[int(rank)][key] += float(value)
+                counts[int(rank)][key] += 1
+    ranks = {rank: {key: round(total / counts[rank][key], 6) for key, total in figures.items()}
+             for rank, figures in sorted(sums.items())}
+    return {"ranks": ranks, "stragglers": dict(sorted(stragglers.items()))}
+
+
+def summary_line(summary: dict[str, Any]) -> str | None:
+    """``summarize``'s figures for the task log, or None when no rank reported any."""
+    if not summary["ranks"]:
+        return None
+    per_rank = "; ".join(
+        f"rank {rank}: step {f.get('step_time_s', 0) * 1e3:.1f}ms compute {f.get('compute_s', 0) * 1e3:.1f}ms "
+        f"data-wait {f.get('data_wait_fraction', 0):.0%} {f.get('samples_per_s', 0):,.0f} samples/s"
+        + (f" score {f['straggler_score']:.2f}" if "straggler_score" in f else "")
+        for rank, f in summary["ranks"].items())
+    return f"per-rank figures over the run: {per_rank}; stragglers: {describe_stragglers(summary['stragglers'])}"
+
+
+def describe_stragglers(stragglers: dict) -> str:
+    """``rank 3 (1.84x), ...`` (the highest score each reached while named), or ``none``: the log's and the MLflow
+    run's ``stragglers`` tag."""
+    return ", ".join(f"rank {rank} ({float(score):.2f}x)" for rank, score in stragglers.items()) or "none"

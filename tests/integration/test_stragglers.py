@@ -1,0 +1,63 @@
+"""Every rank's figures and the stragglers among them (``pipeline.job.telemetry``), on real ranks: one rank made
+slow with busy CPU work in its forward passes (``tests.slow_rank``) is named, exactly that one; an even run names
+none."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline import stages
+from pipeline.recipes import tabular_mlp
+from tests.jobs import run_torchrun
+
+pytestmark = pytest.mark.distributed
+
+RANKS = 3
+
+
+def _run(demo_parquet, tmp_path, env: dict[str, str]) -> tuple[dict, list[str]]:
+    cfg = tabular_mlp.config("tiny").with_overrides({
+        "data.input_path": str(demo_parquet), "train.epochs": 2, "train.batch_size": 32, "train.log_every_steps": 10,
+        "model.hidden_sizes": [256, 256]})  # a forward pass of about a millisecond: the even ranks' noise is small
+    dataset = stages.prepare_data(cfg, stages.RunInfo("stragglers", "even" if not env else "slow"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    lines: list[str] = []
+    result = run_torchrun(["-m", "tests.slow_rank", "--recipe", "tabular_mlp", "--config", str(tmp_path / "config.json"),
+                           "--dataset", dataset.uri, "--out", str(out)],
+                          job_dir=out, nproc_per_node=RANKS, env=env, emit=lines.append)
+    return result, lines
+
+
+def _telemetry(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "out" / "telemetry.jsonl").read_text().splitlines()]
+
+
+def test_the_slow_rank_is_named_and_no_other(demo_parquet, tmp_path):
+    result, lines = _run(demo_parquet, tmp_path, {"SLOW_RANK": "2", "SLOW_RANK_MS": "15"})
+    assert set(result["stragglers"]) == {2}, result["stragglers"]
+    assert result["stragglers"][2] > 1.3
+    named = [line for line in lines if "straggler: rank" in line]
+    assert named and all("straggler: rank 2 " in line for line in named), named
+    assert "stragglers: rank 2 (" in next(line for line in lines if "per-rank figures over the run" in line)
+    # Every rank's figures, every window, as MLflow metrics; the slow rank's compute time is its own.
+    windows = _telemetry(tmp_path)
+    assert len(windows) >= 5
+    for window in windows:
+        assert {f"rank_{r}/{k}" for r in range(RANKS) for k in ("step_time_s", "compute_s", "samples_per_s",
+                                                              "data_wait_fraction", "straggler_score")} <= set(window["metrics"])
+    ranks = result["ranks"]
+    assert ranks[2]["compute_s"] > 0.015 > max(ranks[0]["compute_s"], ranks[1]["compute_s"])
+    # Step times cannot tell who is slow: the even ranks wait for it in the all-reduce.
+    assert ranks[0]["step_time_s"] > 0.015 and ranks[1]["step_time_s"] > 0.015
+
+
+def test_an_even_run_names_no_rank(demo_parquet, tmp_path):
+    result, lines = _run(demo_parquet, tmp_path, {})
+    assert result["stragglers"] == {}
+    assert not [line for line in lines if "straggler: rank" in line]
+    assert set(result["ranks"]) == set(range(RANKS))
+    assert "stragglers: none" in next(line for line in lines if "per-rank figures over the run" in line)

@@ -1,0 +1,90 @@
+"""``pipeline.job.telemetry``: per-rank windows into metrics, the straggler rule, the run's summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.job.telemetry import RankTelemetry, describe_stragglers, summarize, summary_line
+from pipeline.job_files import Heartbeat, read_heartbeats
+
+
+def _beats(windows: dict[int, list[tuple[int, float]]]) -> dict[int, dict]:
+    """Heartbeats as ranks write them: each rank's kept windows of (step, compute_s)."""
+    return {rank: {"rank": rank, "host": f"node-{rank // 2}", "windows": [
+        {"step": step, "compute_s": compute, "step_time_s": 0.1, "samples_per_s": 400.0, "data_wait_fraction": 0.1}
+        for step, compute in kept]} for rank, kept in windows.items()}
+
+
+def _feed(telemetry, computes: list[list[float]], every: int = 10) -> list[str]:
+    """One update per window: ``computes[w][rank]`` is each rank's compute time in window ``w``."""
+    lines, kept = [], {}
+    for w, per_rank in enumerate(computes):
+        for rank, compute in enumerate(per_rank):
+            kept.setdefault(rank, []).append(((w + 1) * every, compute))
+        lines += telemetry.update(_beats(kept))
+    return lines
+
+
+def test_a_rank_above_the_ratio_for_the_windows_in_a_row_is_named_once_and_recovers(tmp_path):
+    path = tmp_path / "telemetry.jsonl"
+    telemetry = RankTelemetry(path, ratio=1.3, windows=3)
+    even, slow = [0.010, 0.010, 0.011, 0.010], [0.010, 0.010, 0.010, 0.020]
+    # Two slow windows, an even one, then three slow ones: only the three in a row name rank 3.
+    lines = _feed(telemetry, [slow, slow, even, slow, slow])
+    assert lines == []
+    lines = telemetry.update(_beats({r: [(60, s)] for r, s in enumerate(slow)}))
+    assert len(lines) == 1 and lines[0].startswith("straggler: rank 3 on node-1 computes 2.00x")
+    assert telemetry.update(_beats({r: [(70, s)] for r, s in enumerate(slow)})) == []  # named once
+    lines = telemetry.update(_beats({r: [(80, s)] for r, s in enumerate(even)}))
+    assert lines == ["rank 3 on node-1 is no longer a straggler at step 80 (1.00x the median of the other ranks)"]
+
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [row["step"] for row in rows] == [10, 20, 30, 40, 50, 60, 70, 80]
+    assert rows[2]["metrics"]["rank_2/straggler_score"] == pytest.approx(0.011 / 0.010)  # the even window
+    assert rows[0]["metrics"]["rank_0/samples_per_s"] == pytest.approx(100.0)  # the job's 400/s over 4 ranks
+    assert "rank_3/straggler" not in rows[4]["metrics"] and rows[5]["metrics"]["rank_3/straggler"] == 2.0
+    summary = summarize(path)
+    assert summary["stragglers"] == {3: 2.0} and set(summary["ranks"]) == {0, 1, 2, 3}
+    assert summary["ranks"][0]["compute_s"] == pytest.approx(0.010)
+    assert summary_line(summary).endswith("stragglers: rank 3 (2.00x)")
+
+
+def test_a_window_waits_for_every_rank_and_is_skipped_when_one_has_moved_past_it(tmp_path):
+    telemetry = RankTelemetry(tmp_path / "telemetry.jsonl", ratio=1.3, windows=1)
+    assert telemetry.update(_beats({0: [(10, 0.01)], 1: []})) == []
+    assert not (tmp_path / "telemetry.jsonl").exists()  # rank 1 has not reported step 10 yet
+    # Rank 1's window at step 10 never came (lost): once it reports step 20, step 10 is dropped, 20 is taken.
+    assert telemetry.update(_beats({0: [(10, 0.01), (20, 0.01)], 1: [(20, 0.05)]})) != []
+    rows = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [20]
+
+
+def test_windows_kept_in_the_heartbeat_reach_a_reader_that_polls_rarely(tmp_path):
+    telemetry = RankTelemetry(tmp_path / "telemetry.jsonl", ratio=1.3, windows=3)
+    beats = [Heartbeat(tmp_path / "progress", rank) for rank in range(2)]
+    for step in range(5, 45, 5):  # eight windows between two reads
+        for heartbeat in beats:
+            heartbeat.report(step, {"compute_s": 0.01, "step_time_s": 0.02, "samples_per_s": 100.0})
+    telemetry.update(read_heartbeats(tmp_path / "progress"))
+    rows = (tmp_path / "telemetry.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == list(range(5, 45, 5))
+
+
+def test_an_attempt_on_fewer_ranks_starts_afresh_and_the_summary_spans_both(tmp_path):
+    path = tmp_path / "telemetry.jsonl"
+    telemetry = RankTelemetry(path, ratio=1.3, windows=2)
+    _feed(telemetry, [[0.01, 0.01, 0.01]] * 3)
+    telemetry.new_attempt()  # resumed at step 20 on two ranks: its windows are read again from there
+    assert telemetry.update(_beats({0: [(30, 0.01)], 1: [(30, 0.03)]})) == []
+    lines = telemetry.update(_beats({0: [(40, 0.01)], 1: [(40, 0.03)]}))
+    assert lines and lines[0].startswith("straggler: rank 1 ")
+    summary = summarize(path)
+    assert set(summary["ranks"]) == {0, 1, 2} and summary["stragglers"] == {1: 3.0}
+
+
+def test_no_stragglers_reads_none():
+    assert describe_stragglers({}) == "none"
+    assert describe_stragglers({"2": 1.84}) == "rank 2 (1.84x)"  # keys as they come back from an XCom
+    assert summary_line({"ranks": {}, "stragglers": {}}) is None
