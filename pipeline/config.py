@@ -112,6 +112,9 @@ class TrainConfig:
         choices=["auto", "fp32", "bf16"],
     )
     num_workers: int = config_field(0, "Data loader worker processes per rank.", min=0, max=64)
+    peak_tflops: float = config_field(
+        0.0, "Peak dense TFLOP/s of one device at the training precision, for MFU; 0: the GPU's bf16 peak from the "
+        "table of common ones (pipeline.train.throughput), and no MFU on a CPU or an unknown device.", min=0.0)
     checkpoint_every_steps: int = config_field(
         200, "Optimizer steps between checkpoints (one is also written at every epoch end); 0 writes only those.",
         min=0,

@@ -18,7 +18,8 @@ ranks write, and the supervisor reads:
   before it dies, and the supervisor raises it as a ``RankUserError`` (``reported_user_error``), so neither a
   restart nor a retry follows;
 - rank 0's result (``result.json``, the task's XCom) and metrics (``metrics.jsonl``, relayed to MLflow), and the
-  supervisor's per-rank metrics (``telemetry.jsonl``, relayed the same way).
+  supervisor's per-rank metrics (``telemetry.jsonl``, relayed the same way) and its record of every attempt's
+  hours and cost (``attempts.jsonl``).
 
 Standard library only: the supervisor, every rank and a toolchain's own interpreter import it.
 """
@@ -85,6 +86,10 @@ class JobFiles:
     @property
     def telemetry(self) -> Path:  # the supervisor's per-rank metrics, the same format; relayed to MLflow too
         return self.root / "telemetry.jsonl"
+
+    @property
+    def attempts(self) -> Path:  # one line per attempt that ended: its hours and cost (pipeline.job.cost)
+        return self.root / "attempts.jsonl"
 
     @property
     def relayed(self) -> tuple[Path, Path]:  # every file of metrics the task sends to the job's MLflow run

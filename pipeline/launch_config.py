@@ -133,6 +133,10 @@ class LaunchConfig:
     straggler_windows: int = config_field(
         3, "Windows of train.log_every_steps steps in a row a rank must be above launch.straggler_ratio to be "
         "named a straggler.", min=1, max=1000)
+    price_per_gpu_hour: float = config_field(
+        0.0, "What one GPU costs per hour (any currency): each attempt's GPU-hours are priced with it.", min=0.0)
+    price_per_node_hour: float = config_field(
+        0.0, "What one node costs per hour besides its GPUs (a CPU node's whole price).", min=0.0)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 

@@ -185,6 +185,7 @@ class TrainingSummary(Result):
     backend: str
     final_metrics: dict[str, float]
     baseline_metrics: dict[str, float] | None = None
+    cost: dict[str, Any] | None = None  # the run's hours and cost over its attempts (pipeline.job.cost)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,8 +17,9 @@ from pipeline.airflow.connections import AirflowClusters
 from pipeline.job.places import deferrable_place
 from pipeline.job.policy import Ended, Findings, decide
 from pipeline.job.spec import Attempt, JobSpec
-from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S, restarts_allowed, with_telemetry
-from pipeline.job.telemetry import summarize, summary_line
+from pipeline.job import cost
+from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S, figure_lines, restarts_allowed, run_figures
+from pipeline.job_files import read_heartbeats
 
 
 def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
@@ -52,13 +53,15 @@ def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, st
     operator.log.info("attempt %d of %s torn down", restart + 1, spec.name)
     metrics = flushed(spec, metrics_flush_timeout_s, operator.log.info)
     end = Ended(str(event.get("status")), str(event.get("message", "")))
+    cost.record(spec.files.attempts, spec.launch, started=float(event.get("started_at") or time.time()),
+                ended=time.time(), ranks=len(read_heartbeats(spec.files.progress)), status=end.status,
+                try_number=spec.try_number, restart=restart)
     decision = decide(end, Findings.read(spec.files, attempt.log_dir), restart=restart,
                       max_restarts=restarts_allowed(place, spec))
     if decision.action == "finish":
-        summary = summarize(spec.files.telemetry)
-        if line := summary_line(summary):
+        for line in figure_lines(run_figures(spec.files)):
             operator.log.info("%s", line)
-        return metrics.into(with_telemetry(spec.files.read_result(), summary))
+        return metrics.into(spec.files.read_result())
     if decision.action == "restart":
         operator.log.info("%s", decision.notice)
         start(operator, spec, restart=restart + 1, started=started)

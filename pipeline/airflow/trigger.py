@@ -72,7 +72,7 @@ class AttemptTrigger(BaseTrigger):
                 if end is not None:
                     if end.status in ("timeout", "stalled"):
                         self.log.info("%s", end.message)
-                    yield TriggerEvent({"status": end.status, "message": end.message})
+                    yield TriggerEvent({"status": end.status, "message": end.message, "started_at": self.created_at})
                     return
                 await asyncio.sleep(self.poll_s)
 

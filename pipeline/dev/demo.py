@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "test_metrics": summary.test_metrics,
         **({"before_training": baseline} if baseline is not None else {}),
         "promoted": summary.promoted,
+        **({"training_cost": summary.train.cost} if summary.train.cost else {}),
         "wall_s": summary.wall_s | {"total": round(total_s, 3)},
     }))
     return 0

@@ -15,7 +15,8 @@ A place only starts, polls and stops one attempt (``pipeline.job.places.Place``)
   the job runs, and for up to ``metrics_flush_timeout_s`` after it (``pipeline.registry.metrics_relay``): ranks never
   import MLflow;
 - every rank's figures, read from the heartbeats as they come: per-rank metrics beside rank 0's, stragglers named
-  in the log, the run's per-rank summary in the result (``pipeline.job.telemetry``);
+  in the log, the run's per-rank summary at the end (``pipeline.job.telemetry``); each attempt's hours and cost
+  recorded when it ends, the run's at the end (``pipeline.job.cost``); ``run_figures`` reads them back;
 - teardown: whatever ends an attempt (its end, a timeout, a stall, ``stop()`` from any thread, SIGTERM
   or SIGINT of the task process), the place's ``stop`` has run before the attempt returns.
 
@@ -35,7 +36,7 @@ from typing import Any, Callable
 from pipeline.job.places import Clusters, Place, place_for
 from pipeline.job.policy import STOPPED, Decision, Ended, Findings, decide
 from pipeline.job.spec import Attempt, JobSpec, resolve
-from pipeline.job.telemetry import RankTelemetry, summarize, summary_line
+from pipeline.job import cost, telemetry
 from pipeline.job_files import read_heartbeats
 
 log = logging.getLogger(__name__)
@@ -96,10 +97,9 @@ class Supervisor:
                 try:
                     result = self._attempts(emit)
                 finally:
-                    summary = summarize(self.spec.files.telemetry)
-                    if line := summary_line(summary):
+                    for line in figure_lines(run_figures(self.spec.files)):
                         emit(line)
-            return metrics.into(with_telemetry(result, summary))
+            return metrics.into(result)
         finally:
             _restore(previous)
 
@@ -125,13 +125,17 @@ class Supervisor:
         self.spec.files.begin_attempt(attempt.restart)
         self._tail.clear()
         self.telemetry.new_attempt()
+        started, end = time.time(), Ended("failed", "the attempt did not start")
         try:
             self.place.start(attempt, emit)
             end = self._wait(emit)
         finally:
             self.place.stop(self.spec.launch.grace_period_s)  # whatever ended the wait, nothing outlives it
-            for line in self.telemetry.update(read_heartbeats(self.spec.files.progress)):  # the last windows
+            beats = read_heartbeats(self.spec.files.progress)
+            for line in self.telemetry.update(beats):  # the last windows
                 emit(line)
+            cost.record(self.spec.files.attempts, self.spec.launch, started=started, ended=time.time(),
+                        ranks=len(beats), status=end.status, try_number=self.spec.try_number, restart=attempt.restart)
         if self._stopped.is_set() and end.status != "succeeded":
             end = Ended("stopped", STOPPED)
         return decide(end, Findings.read(self.spec.files, attempt.log_dir), restart=attempt.restart,
@@ -202,16 +206,31 @@ def _restore(previous) -> None:
             signal.signal(sig, handler)
 
 
-def telemetry_of(spec: JobSpec) -> RankTelemetry:
+def telemetry_of(spec: JobSpec) -> telemetry.RankTelemetry:
     """The job's per-rank telemetry, as its ``launch`` section asks."""
-    return RankTelemetry(spec.files.telemetry, ratio=spec.launch.straggler_ratio, windows=spec.launch.straggler_windows)
+    return telemetry.RankTelemetry(spec.files.telemetry, ratio=spec.launch.straggler_ratio,
+                                   windows=spec.launch.straggler_windows)
 
 
-def with_telemetry(result: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any] | None:
-    """Rank 0's result with the run's per-rank figures and stragglers (``summarize``), where the ranks reported any."""
-    if not isinstance(result, dict) or not summary["ranks"]:
-        return result
-    return result | {"ranks": summary["ranks"], "stragglers": summary["stragglers"]}
+def run_figures(files) -> dict[str, Any]:
+    """The run's per-rank figures and stragglers (``ranks``, ``stragglers``: where the ranks reported any) and its
+    cost (``cost``), read back from the job folder ``files`` (every attempt's, whoever supervised it)."""
+    ranks, spent = telemetry.summarize(files.telemetry), cost.summarize(files.attempts)
+    return (ranks if ranks["ranks"] else {}) | ({"cost": spent} if spent else {})
+
+
+def run_tags(figures: dict[str, Any]) -> dict[str, str]:
+    """``run_figures`` as MLflow tags: ``stragglers`` and ``cost.*`` (``cost.summary``: its line)."""
+    tags = {"stragglers": telemetry.describe_stragglers(figures["stragglers"])} if "stragglers" in figures else {}
+    if figures.get("cost"):
+        tags |= cost.tags(figures["cost"]) | {"cost.summary": cost.describe(figures["cost"])}
+    return tags
+
+
+def figure_lines(figures: dict[str, Any]) -> list[str]:
+    """``run_figures`` for the task log."""
+    lines = [telemetry.summary_line(figures) if "ranks" in figures else None, cost.describe(figures.get("cost"))]
+    return [line for line in lines if line]
 
 
 def restarts_allowed(place: Place, spec: JobSpec) -> int:

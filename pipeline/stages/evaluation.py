@@ -64,9 +64,12 @@ def evaluate(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, registere
             runs = {models.CHALLENGER: run_id} | ({models.CHAMPION: champion_version.run_id} if champion else {})
             history = {role: {key: [(m.step, m.value) for m in mlflow_client.get_metric_history(run, key)]
                               for key in evaluator.history_keys} for role, run in runs.items()}
+            run_data = mlflow_client.get_run(run_id).data
+            spent = run_data.tags.get("cost.summary")  # what training cost (the train stage's tags)
             report = build_report(evaluator, model_name=name, classes=classes, scored=scored, history=history,
-                                  decision=decision.to_dict(), logged=mlflow_client.get_run(run_id).data.metrics,
-                                  facts=(f"{len(labels)} test rows of dataset version {dataset.version}",))
+                                  decision=decision.to_dict(), logged=run_data.metrics,
+                                  facts=(f"{len(labels)} test rows of dataset version {dataset.version}",
+                                         *([spent] if spent else [])))
             report_dir = run.workdir / "evaluate" / "report"
             publish(report, report_dir, log_metrics=lambda metrics: tracking.log_metrics_now(run_id, metrics),
                     log_artifact=lambda path: mlflow_client.log_artifact(run_id, str(path),

@@ -35,7 +35,7 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tra
             package = spec.package(cfg, trained, data)
         version, created = models.log_and_register(
             run_id=trained.mlflow_run_id, model_name=cfg.registry.model_name, run_key=run.key, package=package,
-            tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE}, phases=phases,
+            tags=lineage_tags(cfg, run, dataset) | {"pipeline.recipe": cfg.RECIPE} | training_cost(trained), phases=phases,
         )
         with phases("alias"):
             models.set_alias(cfg.registry.model_name, models.CHALLENGER, version)
@@ -48,3 +48,10 @@ def register_model(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, tra
         mlflow_url=model_version_url(cfg.registry.model_name, version), wall_s=phases.total(),
         phases=phases.seconds,
     )
+
+
+def training_cost(trained: TrainedModel) -> dict[str, str]:
+    """The version's tags of what training it cost (``cost.*``), where the job recorded it."""
+    from pipeline.job.supervisor import run_tags
+
+    return run_tags({"cost": trained.details.get("cost")})

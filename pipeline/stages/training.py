@@ -49,7 +49,7 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
 
 def trained_model(spec, result: dict[str, Any] | None, wall_s: float) -> TrainedModel:
     """The job's end as a ``TrainedModel``: rank 0's result file and the MLflow run's address."""
-    from pipeline.job.telemetry import describe_stragglers
+    from pipeline.job.supervisor import run_figures, run_tags
     from pipeline.registry import tracking
     from pipeline.registry.links import run_url
 
@@ -57,13 +57,18 @@ def trained_model(spec, result: dict[str, Any] | None, wall_s: float) -> Trained
         raise RuntimeError(f"training ended without writing {spec.files.result}")
     mlflow_run_id = spec.env["MLFLOW_RUN_ID"]
     experiment_id = tracking.experiment_id_of(mlflow_run_id)
-    if "stragglers" in result:  # the ranks reported their figures (pipeline.job.telemetry)
-        tracking.set_tags(mlflow_run_id, {"stragglers": describe_stragglers(result["stragglers"])})
+    # Every rank's figures, the stragglers and every attempt's cost, as the job folder recorded them.
+    figures = run_figures(spec.files)
+    if tags := run_tags(figures):
+        tracking.set_tags(mlflow_run_id, tags)
+    if figures.get("cost"):
+        tracking.log_metrics_now(mlflow_run_id, {f"run_{key}": figures["cost"][key]
+                                                 for key in ("gpu_hours", "node_hours", "cost")})
     # Rank 0's result file: the contract's fields, and the rest (steps, resumed_from, throughput) as details.
     named = ("model_files", "metrics", "world_size", "backend", "dataset_version", "samples_per_s",
              "baseline_metrics")
     return TrainedModel.from_xcom({key: result[key] for key in named if key in result} | {
         "mlflow_run_id": mlflow_run_id, "mlflow_experiment_id": experiment_id, "metrics_path": str(spec.files.metrics),
         "mlflow_url": run_url(experiment_id, mlflow_run_id), "wall_s": round(wall_s, 3),
-        "details": {k: v for k, v in result.items() if k not in named and k != "mlflow_run_id"},
+        "details": {k: v for k, v in result.items() if k not in named and k != "mlflow_run_id"} | figures,
     })

@@ -33,7 +33,7 @@ from pipeline.train.parallel import load_model_and_optimizer, parallelize, shard
 from pipeline.train.preemption import Preemption, exit_preempted
 from pipeline.train.preemption import install as install_preemption
 from pipeline.train.spec import TrainSpec
-from pipeline.train.throughput import Throughput, peak_flops
+from pipeline.train.throughput import Throughput, peak_flops, training_flops
 
 
 def train(cfg: PipelineConfig, spec: TrainSpec, *, datasets: list[str], out_dir: Path) -> dict[str, Any]:
@@ -107,12 +107,10 @@ class _Loop:
         resumed = self._resume()
         if resumed:
             step, epoch, start_step, in_epoch = resumed["step"], resumed["epoch"], resumed["step"], resumed["in_epoch"]
-        # Forward + backward of a dense network: 6 FLOPs per parameter per sample, or per token for a
-        # language model (attention's own FLOPs left out, as MFU figures usually do).
-        flops = 6.0 * sum(p.numel() for p in self.model.parameters())
+        flops = training_flops(self.model, getattr(cfg.data, "max_seq_len", None))  # per sample, or per token
         meter = self.meter = Throughput(
             world_size=dist.world_size, flops_per_sample=None if self.spec.tokens else flops,
-            flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device),
+            flops_per_token=flops if self.spec.tokens else None, peak_flops_per_s=peak_flops(dist.device, tc.peak_tflops),
             device=dist.device)
         meter.watch(self.model)  # inside the DDP wrapper: its forward's buffer broadcast waits for the other ranks
         baseline = self._baseline() if not resumed else None
@@ -169,8 +167,7 @@ class _Loop:
                 ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch + 1)
                 if step % tc.log_every_steps == 0 or step == self.total_steps:
                     figures = meter.window()
-                    # Every rank's own figures, for the supervisor (per-rank metrics, stragglers).
-                    ctx.heartbeat.report(step, figures, total=self.total_steps, epoch=epoch + 1)
+                    ctx.heartbeat.report(step, figures, total=self.total_steps, epoch=epoch + 1)  # every rank's own
                     if dist.is_main:
                         _progress_line(epoch, tc.epochs, step, self.total_steps, start_step, step_loss.item(),
                                        figures, loop_started)

@@ -15,10 +15,13 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def peak_flops(device) -> float | None:
-    """Peak bf16 FLOP/s of a CUDA device, or None when unknown (then no MFU is reported)."""
+def peak_flops(device, configured_tflops: float = 0.0) -> float | None:
+    """Peak FLOP/s of one device: ``train.peak_tflops`` when set, else a CUDA device's bf16 peak from the table, or
+    None when unknown (then no MFU is reported)."""
     import torch
 
+    if configured_tflops:
+        return configured_tflops * 1e12
     if getattr(device, "type", None) != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
@@ -26,6 +29,19 @@ def peak_flops(device) -> float | None:
         if key in name:
             return flops
     return None
+
+
+def training_flops(model, seq_len: int | None = None) -> float:
+    """FLOPs of a forward and backward pass per sample, or per token for a language model, from the model's shape:
+    6 per parameter (a multiply-add forward, two backward), plus, for a transformer whose config names its layers and
+    width (Hugging Face's ``num_hidden_layers``, ``hidden_size``) trained on ``seq_len``-token sequences, attention's
+    12 x layers x width x sequence length per token (PaLM's accounting, appendix B)."""
+    flops = 6.0 * sum(p.numel() for p in model.parameters())
+    config = getattr(model, "config", None)
+    layers, width = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
+    if seq_len and layers and width:
+        flops += 12.0 * layers * width * seq_len
+    return flops
 
 
 def _empty() -> dict:

@@ -10,6 +10,8 @@ import pytest
 
 from pipeline import stages
 from pipeline.recipes import tabular_mlp
+from pipeline.job.supervisor import run_figures
+from pipeline.job_files import JobFiles
 from tests.jobs import run_torchrun
 
 pytestmark = pytest.mark.distributed
@@ -26,10 +28,10 @@ def _run(demo_parquet, tmp_path, env: dict[str, str]) -> tuple[dict, list[str]]:
     out.mkdir()
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     lines: list[str] = []
-    result = run_torchrun(["-m", "tests.slow_rank", "--recipe", "tabular_mlp", "--config", str(tmp_path / "config.json"),
+    run_torchrun(["-m", "tests.slow_rank", "--recipe", "tabular_mlp", "--config", str(tmp_path / "config.json"),
                            "--dataset", dataset.uri, "--out", str(out)],
-                          job_dir=out, nproc_per_node=RANKS, env=env, emit=lines.append)
-    return result, lines
+                          job_dir=out, nproc_per_node=RANKS, env=env, emit=lines.append, price_per_node_hour=3600.0)
+    return run_figures(JobFiles(out)), lines
 
 
 def _telemetry(tmp_path) -> list[dict]:
@@ -37,27 +39,32 @@ def _telemetry(tmp_path) -> list[dict]:
 
 
 def test_the_slow_rank_is_named_and_no_other(demo_parquet, tmp_path):
-    result, lines = _run(demo_parquet, tmp_path, {"SLOW_RANK": "2", "SLOW_RANK_MS": "15"})
-    assert set(result["stragglers"]) == {2}, result["stragglers"]
-    assert result["stragglers"][2] > 1.3
+    figures, lines = _run(demo_parquet, tmp_path, {"SLOW_RANK": "2", "SLOW_RANK_MS": "15"})
+    assert set(figures["stragglers"]) == {2}, figures["stragglers"]
+    assert figures["stragglers"][2] > 1.3
     named = [line for line in lines if "straggler: rank" in line]
     assert named and all("straggler: rank 2 " in line for line in named), named
     assert "stragglers: rank 2 (" in next(line for line in lines if "per-rank figures over the run" in line)
-    # Every rank's figures, every window, as MLflow metrics; the slow rank's compute time is its own.
+    # Every rank's figures, every window, as MLflow metrics (the run's summary: ``run_figures``); the slow rank's compute time is its own.
     windows = _telemetry(tmp_path)
     assert len(windows) >= 5
     for window in windows:
         assert {f"rank_{r}/{k}" for r in range(RANKS) for k in ("step_time_s", "compute_s", "samples_per_s",
                                                               "data_wait_fraction", "straggler_score")} <= set(window["metrics"])
-    ranks = result["ranks"]
+    ranks = figures["ranks"]
     assert ranks[2]["compute_s"] > 0.015 > max(ranks[0]["compute_s"], ranks[1]["compute_s"])
     # Step times cannot tell who is slow: the even ranks wait for it in the all-reduce.
     assert ranks[0]["step_time_s"] > 0.015 and ranks[1]["step_time_s"] > 0.015
 
 
 def test_an_even_run_names_no_rank(demo_parquet, tmp_path):
-    result, lines = _run(demo_parquet, tmp_path, {})
-    assert result["stragglers"] == {}
+    figures, lines = _run(demo_parquet, tmp_path, {})
+    assert figures["stragglers"] == {}
     assert not [line for line in lines if "straggler: rank" in line]
-    assert set(result["ranks"]) == set(range(RANKS))
+    assert set(figures["ranks"]) == set(range(RANKS))
     assert "stragglers: none" in next(line for line in lines if "per-rank figures over the run" in line)
+    # One attempt on one CPU node, priced at 1 per node-second: its cost is the seconds it held the node.
+    spent = figures["cost"]
+    assert spent["attempts"] == 1 and spent["gpu_hours"] == 0
+    assert spent["cost"] == pytest.approx(spent["wall_s"], rel=1e-3) and spent["wall_s"] > 0
+    assert any(line.startswith(f"training cost {spent['cost']:.4g} ") for line in lines)

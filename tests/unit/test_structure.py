@@ -168,7 +168,8 @@ def test_stages_reach_the_job_only_through_its_interface():
     used = {m for path in (PACKAGE / "stages").rglob("*.py") for m in _imports(path, top_level_only=False)
             if m.startswith("pipeline.job")}
     assert used <= {"pipeline.job.spec", "pipeline.job.spec.JobSpec", "pipeline.job.supervisor",
-                    "pipeline.job.supervisor.Job", "pipeline.job_files", "pipeline.job_files.JobFiles"}
+                    "pipeline.job.supervisor.Job", "pipeline.job.supervisor.run_figures",
+                    "pipeline.job.supervisor.run_tags", "pipeline.job_files", "pipeline.job_files.JobFiles"}
     for module in ("job/supervisor.py", "job/policy.py", "job/places.py", "airflow/operator.py", "airflow/deferred.py",
                    "airflow/trigger.py"):
         # The policy is written once above the places: it never names one (places are looked up by launch.kind).

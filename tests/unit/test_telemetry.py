@@ -88,3 +88,40 @@ def test_no_stragglers_reads_none():
     assert describe_stragglers({}) == "none"
     assert describe_stragglers({"2": 1.84}) == "rank 2 (1.84x)"  # keys as they come back from an XCom
     assert summary_line({"ranks": {}, "stragglers": {}}) is None
+
+
+def test_flops_from_the_models_shape_and_a_configured_peak():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.train.throughput import peak_flops, training_flops
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Linear(20, 3))
+    assert training_flops(mlp, seq_len=128) == 6.0 * (10 * 20 + 20 + 20 * 3 + 3)  # no attention to count
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4))
+    params = sum(p.numel() for p in llama.parameters())
+    assert training_flops(llama, seq_len=128) == 6.0 * params + 12.0 * 2 * 32 * 128
+    assert peak_flops(torch.device("cpu")) is None  # no MFU on a CPU unless train.peak_tflops says its peak
+    assert peak_flops(torch.device("cpu"), 1.5) == 1.5e12
+
+
+def test_the_compute_clock_times_training_forward_passes_only():
+    import time
+
+    import torch
+
+    from pipeline.train.throughput import Throughput
+
+    model = torch.nn.Linear(4, 4)
+    model.register_forward_pre_hook(lambda module, args: time.sleep(0.02))  # the model's own work
+    meter = Throughput(world_size=1)
+    meter.watch(model)
+    for _ in range(3):
+        model(torch.zeros(1, 4))
+        meter.step(1)
+    model.eval()
+    model(torch.zeros(1, 4))  # validation: not this rank's training work
+    figures = meter.window()
+    assert 0.02 <= figures["compute_s"] < figures["step_time_s"] * 1.01
+    assert meter.window()["compute_s"] == 0.0  # each window its own
