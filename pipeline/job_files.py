@@ -9,7 +9,8 @@ ranks write, and the supervisor reads:
   ``interval_s`` and at once on an epoch or checkpoint boundary, replaced atomically; any training script can
   call ``Heartbeat.from_env().beat(step)`` after each optimizer step. ``DUMP_SIGNAL`` makes a rank print its stacks.
   A rank's own figures of its last window of steps (``Heartbeat.report``: step time, samples/s, data-wait share,
-  compute time) ride in the same file as ``windows`` (the last ``WINDOWS_KEPT``); the supervisor turns them into per-rank metrics and names
+  compute time) ride in the same file as ``windows`` (the last ``WINDOWS_KEPT``), and in each node's local rank 0's
+  file its node's utilisation every ``NODE_SAMPLE_S`` as ``node`` (``pipeline.node_usage``); the supervisor turns them into per-rank metrics and names
   stragglers (``pipeline.job.telemetry``), with no collective between ranks;
 - the preemption marker: when the ranks stop on SIGTERM (an eviction, a spot reclaim), rank 0 writes
   ``progress/preempted.json`` once the checkpoint of the step they agreed on is saved, and every rank exits
@@ -53,6 +54,7 @@ PREEMPTED_EXIT_CODE = 75
 PREEMPTION_FILE = "preempted.json"
 _HOST = socket.gethostname()
 WINDOWS_KEPT = 8  # a rank's last reports of its figures kept in its heartbeat file
+NODE_SAMPLE_S = 5.0  # seconds between the samples of a node's utilisation (its local rank 0's heartbeat)
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,13 @@ class Heartbeat:
         self.interval_s = interval_s
         self._last_write = 0.0
         self._windows: list[dict[str, Any]] = []  # the last WINDOWS_KEPT reports, oldest first
+        self._node: tuple[int, Any] | None = None  # (node, its sampler) in the node's local rank 0
+        self._node_sample: dict[str, Any] = {}
         if self.path:
+            from pipeline.node_usage import NodeUsage, node_index
+
+            node = node_index()
+            self._node = (node, NodeUsage()) if node is not None else None
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # A stalled rank prints where it is stuck when the watchdog asks, without being stopped.
             faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
@@ -164,7 +172,11 @@ class Heartbeat:
         self._last_write = now
         beat = {"rank": self.rank, "pid": os.getpid(), "host": _HOST, "step": step, "total": total, "epoch": epoch,
                 "phase": phase, "time": now}
-        _write_atomically(self.path, beat | ({"windows": self._windows} if self._windows else {}))
+        if self._node and now - self._node_sample.get("time", 0.0) >= NODE_SAMPLE_S:
+            node, usage = self._node
+            self._node_sample = {"node": node, "time": now} | usage.sample()
+        _write_atomically(self.path, beat | ({"windows": self._windows} if self._windows else {})
+                          | ({"node": self._node_sample} if self._node_sample else {}))
 
     def report(self, step: int, figures: dict[str, float], *, total: int | None = None,
                epoch: int | None = None) -> None:

@@ -216,7 +216,7 @@ def run_figures(files) -> dict[str, Any]:
     """The run's per-rank figures and stragglers (``ranks``, ``stragglers``: where the ranks reported any) and its
     cost (``cost``), read back from the job folder ``files`` (every attempt's, whoever supervised it)."""
     ranks, spent = telemetry.summarize(files.telemetry), cost.summarize(files.attempts)
-    return (ranks if ranks["ranks"] else {}) | ({"cost": spent} if spent else {})
+    return (ranks if ranks["ranks"] or ranks["nodes"] else {}) | ({"cost": spent} if spent else {})
 
 
 def run_tags(figures: dict[str, Any]) -> dict[str, str]:

@@ -13,6 +13,8 @@ each window that every rank has reported into:
   Step times cannot tell: in a synchronous job every rank waits for the slowest in the all-reduce, so every rank's
   step takes as long as the slowest rank's. A rank whose score stays above ``launch.straggler_ratio`` for
   ``launch.straggler_windows`` windows in a row is named in the task log (and again when it recovers);
+- each node's utilisation (CPU, memory, GPUs: ``pipeline.node_usage``), sampled by its local rank 0, as
+  ``node_N/<figure>``;
 - at the end, the run's figures per rank and the stragglers named, in the result (``ranks``, ``stragglers``) and
   the task log; the train stage tags the MLflow run with the stragglers.
 
@@ -32,6 +34,7 @@ from typing import Any
 # Throughput's rates are the whole job's (this rank's times the world size); per rank they are divided back.
 RATES = ("samples_per_s", "tokens_per_s")
 FIGURES = ("step_time_s", "compute_s", "data_wait_fraction", "samples_per_s", "tokens_per_s", "mfu")
+KINDS = ("rank", "node")  # telemetry.jsonl's metrics: rank_R/<figure> and node_N/<figure>
 
 
 class RankTelemetry:
@@ -48,6 +51,7 @@ class RankTelemetry:
         self._pending: dict[int, dict[int, dict[str, float]]] = {}  # step -> rank -> figures
         self._scores: dict[int, deque[float]] = {}
         self._slow: set[int] = set()
+        self._node_samples: dict[int, float] = {}  # node -> the time of its last sample read
 
     def update(self, beats: dict[int, dict[str, Any]]) -> list[str]:
         """Take the windows the ranks have reported since the last call (``read_heartbeats``); returns the lines
@@ -57,6 +61,7 @@ class RankTelemetry:
                 if figures["step"] > self._reported.get(rank, -1):
                     self._reported[rank] = figures["step"]
                     self._pending.setdefault(int(figures["step"]), {})[rank] = figures | {"host": beat.get("host")}
+        self._nodes(beats)
         lines = []
         for step in sorted(self._pending):
             window = self._pending[step]
@@ -85,6 +90,16 @@ class RankTelemetry:
         self._append(step, values)
         return lines
 
+    def _nodes(self, beats: dict[int, dict[str, Any]]) -> None:
+        """Each node's utilisation sample (its local rank 0's ``node``), once, as ``node_N/<figure>``."""
+        for beat in beats.values():
+            sample = dict(beat.get("node") or {})
+            node, sampled = sample.pop("node", None), sample.pop("time", None)
+            if node is None or sampled is None or self._node_samples.get(node) == sampled:
+                continue
+            self._node_samples[node] = sampled
+            self._append(int(beat.get("step") or 0), {f"node_{node}/{key}": value for key, value in sample.items()})
+
     def _judge(self, rank: int, step: int, score: float, host: str | None) -> list[str]:
         scores = self._scores.setdefault(rank, deque(maxlen=self.windows))
         scores.append(score)
@@ -111,10 +126,10 @@ class RankTelemetry:
 
 def summarize(path: Path) -> dict[str, Any]:
     """The run's figures from its ``telemetry.jsonl`` (every attempt's, whichever process supervised it): each
-    rank's mean figures over its windows, and the stragglers named (rank -> the highest score it reached while
-    named)."""
-    sums: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    counts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    rank's mean figures over its windows, the stragglers named (rank -> the highest score it reached while
+    named), and each node's mean utilisation."""
+    sums: dict[str, dict[int, dict[str, float]]] = {kind: defaultdict(lambda: defaultdict(float)) for kind in KINDS}
+    counts: dict[str, dict[int, dict[str, int]]] = {kind: defaultdict(lambda: defaultdict(int)) for kind in KINDS}
     stragglers: dict[int, float] = {}
     path = Path(path)
     lines = path.read_text().splitlines() if path.exists() else []
@@ -124,27 +139,34 @@ def summarize(path: Path) -> dict[str, Any]:
         except (ValueError, KeyError, TypeError):
             continue  # a line cut short by a killed supervisor
         for name, value in values.items():
-            rank, key = name.removeprefix("rank_").split("/", 1)
+            who, key = name.split("/", 1)
+            kind, number = who.split("_", 1)
             if key == "straggler":
-                stragglers[int(rank)] = max(stragglers.get(int(rank), 0.0), float(value))
-            else:
-                sums[int(rank)][key] += float(value)
-                counts[int(rank)][key] += 1
-    ranks = {rank: {key: round(total / counts[rank][key], 6) for key, total in figures.items()}
-             for rank, figures in sorted(sums.items())}
-    return {"ranks": ranks, "stragglers": dict(sorted(stragglers.items()))}
+                stragglers[int(number)] = max(stragglers.get(int(number), 0.0), float(value))
+            elif kind in KINDS:
+                sums[kind][int(number)][key] += float(value)
+                counts[kind][int(number)][key] += 1
+    means = {kind: {n: {key: round(total / counts[kind][n][key], 6) for key, total in figures.items()}
+                    for n, figures in sorted(sums[kind].items())} for kind in KINDS}
+    return {"ranks": means["rank"], "stragglers": dict(sorted(stragglers.items())), "nodes": means["node"]}
 
 
 def summary_line(summary: dict[str, Any]) -> str | None:
-    """``summarize``'s figures for the task log, or None when no rank reported any."""
-    if not summary["ranks"]:
+    """``summarize``'s figures for the task log, or None when no rank or node reported any."""
+    if not summary["ranks"] and not summary.get("nodes"):
         return None
     per_rank = "; ".join(
         f"rank {rank}: step {f.get('step_time_s', 0) * 1e3:.1f}ms compute {f.get('compute_s', 0) * 1e3:.1f}ms "
         f"data-wait {f.get('data_wait_fraction', 0):.0%} {f.get('samples_per_s', 0):,.0f} samples/s"
         + (f" score {f['straggler_score']:.2f}" if "straggler_score" in f else "")
         for rank, f in summary["ranks"].items())
-    return f"per-rank figures over the run: {per_rank}; stragglers: {describe_stragglers(summary['stragglers'])}"
+    nodes = "".join(
+        f"; node {node}: cpu {f.get('cpu_percent', 0):.0f}% memory {f.get('memory_gb', 0):.1f} GiB"
+        + "".join(f" {key.removesuffix('_utilization')} {value:.0f}%" for key, value in f.items()
+                  if key.endswith("_utilization"))
+        for node, f in summary.get("nodes", {}).items())
+    return (f"per-rank figures over the run: {per_rank}; stragglers: {describe_stragglers(summary['stragglers'])}"
+            + nodes)
 
 
 def describe_stragglers(stragglers: dict) -> str:

@@ -46,8 +46,13 @@ def test_the_slow_rank_is_named_and_no_other(demo_parquet, tmp_path):
     assert named and all("straggler: rank 2 " in line for line in named), named
     assert "stragglers: rank 2 (" in next(line for line in lines if "per-rank figures over the run" in line)
     # Every rank's figures, every window, as MLflow metrics (the run's summary: ``run_figures``); the slow rank's compute time is its own.
-    windows = _telemetry(tmp_path)
+    rows = _telemetry(tmp_path)
+    windows = [row for row in rows if "rank_0/step_time_s" in row["metrics"]]
     assert len(windows) >= 5
+    # The node's utilisation, sampled by its local rank 0 alone.
+    assert any("node_0/cpu_percent" in row["metrics"] for row in rows)
+    assert not any(key.startswith("node_1/") for row in rows for key in row["metrics"])
+    assert set(figures["nodes"]) == {0}
     for window in windows:
         assert {f"rank_{r}/{k}" for r in range(RANKS) for k in ("step_time_s", "compute_s", "samples_per_s",
                                                               "data_wait_fraction", "straggler_score")} <= set(window["metrics"])

@@ -125,3 +125,57 @@ def test_the_compute_clock_times_training_forward_passes_only():
     figures = meter.window()
     assert 0.02 <= figures["compute_s"] < figures["step_time_s"] * 1.01
     assert meter.window()["compute_s"] == 0.0  # each window its own
+
+
+class FakeNvml:
+    """NVML as nvidia-ml-py exposes it, for a node with two GPUs (no driver here)."""
+
+    class Rates:
+        def __init__(self, gpu):
+            self.gpu, self.memory = gpu, 0
+
+    class Memory:
+        def __init__(self, used, total):
+            self.used, self.total, self.free = used, total, total - used
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return self.Rates([97, 12][handle])
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return self.Memory([60 << 30, 1 << 30][handle], 80 << 30)
+
+
+def test_a_nodes_gpus_are_sampled_through_nvml():
+    from pipeline.node_usage import NodeUsage
+
+    figures = NodeUsage(nvml=FakeNvml()).sample()
+    assert figures["gpu0_utilization"] == 97 and figures["gpu1_utilization"] == 12
+    assert figures["gpu0_memory_gb"] == 60 and figures["gpu0_memory_percent"] == 75.0
+    assert 0 <= figures["cpu_percent"] <= 100 and figures["memory_gb"] > 0
+
+
+def test_each_nodes_local_rank_0_samples_once_and_the_samples_become_node_metrics(tmp_path, monkeypatch):
+    import pipeline.node_usage
+
+    monkeypatch.setattr(pipeline.node_usage, "_driver", FakeNvml)
+    for rank in range(4):  # two nodes of two ranks
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank % 2))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        Heartbeat(tmp_path / "progress", rank).report(10, {"compute_s": 0.01, "step_time_s": 0.02})
+    beats = read_heartbeats(tmp_path / "progress")
+    assert [rank for rank, beat in sorted(beats.items()) if "node" in beat] == [0, 2]
+    telemetry = RankTelemetry(tmp_path / "telemetry.jsonl", ratio=1.3, windows=3)
+    telemetry.update(beats)
+    telemetry.update(beats)  # the same samples: not again
+    summary = summarize(tmp_path / "telemetry.jsonl")
+    assert set(summary["nodes"]) == {0, 1} and summary["nodes"][1]["gpu0_utilization"] == 97
+    rows = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    assert sum("node_0/cpu_percent" in row["metrics"] for row in rows) == 1
+    assert "node 1: cpu " in summary_line(summary) and " gpu0 97%" in summary_line(summary)
