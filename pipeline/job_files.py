@@ -90,6 +90,10 @@ class JobFiles:
         return self.root / "telemetry.jsonl"
 
     @property
+    def tracking(self) -> Path:  # the job's MLflow run ({"run_id", "experiment_id", "url"}), for the job view
+        return self.root / "mlflow.json"
+
+    @property
     def attempts(self) -> Path:  # one line per attempt that ended: its hours and cost (pipeline.job.cost)
         return self.root / "attempts.jsonl"
 

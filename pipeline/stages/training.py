@@ -21,11 +21,13 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
     Where the job runs reaches the place through the ``JobSpec``, not the ranks' config file."""
     from pipeline.job.spec import JobSpec
     from pipeline.registry import tracking
+    from pipeline.registry.links import run_url
 
     with tracking.reachable("create the MLflow run"):
         # The ranks asked for say where the run went, not what it trained: a tag of this run, outside the lineage.
         ranks = {"launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)}
         mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset) | ranks)
+        experiment_id = tracking.experiment_id(cfg.registry.experiment)
         tracking.log_params_once(mlflow_run_id, cfg.as_params())
         tracking.log_dataset_input(
             mlflow_run_id, name=cfg.registry.model_name, digest=dataset.version, source_uri=dataset.uri,
@@ -44,6 +46,8 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
     )
     spec.files.root.mkdir(parents=True, exist_ok=True)
     spec.files.config.write_text(json.dumps(cfg.what(), indent=2))
+    spec.files.tracking.write_text(json.dumps({"run_id": mlflow_run_id, "experiment_id": experiment_id,
+                                               "url": run_url(experiment_id, mlflow_run_id)}))
     return spec
 
 

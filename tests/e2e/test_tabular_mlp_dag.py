@@ -109,6 +109,14 @@ def test_runs_register_promote_and_compare_with_the_champion(airflow_db, demo_pa
     # What training cost (hours; no price set), on the run and the registered version.
     assert float(tags["cost.node_hours"]) > 0 and tags["cost.attempts"] == "1"
     assert second_version.tags["cost.node_hours"] == tags["cost.node_hours"]
+    # The job view's figures (the UI's "Training job" tab) of the ended job: its MLflow run, its ranks, its cost.
+    from pipeline.job.live import live
+    from pipeline.job_files import JobFiles
+
+    view = live(JobFiles(RunInfo("tabular_mlp", second.run_id).job_dir("train")))
+    assert view["state"] == "finished" and view["world_size"] == int(tags["launch.world_size"])
+    assert view["mlflow"]["run_id"] == mlflow_run.info.run_id and view["mlflow"]["url"].endswith(mlflow_run.info.run_id)
+    assert view["cost"]["attempts"] == 1
 
     # Airflow -> MLflow: the "MLflow" extra link of train, register_model and evaluate.
     links = _extra_links(second.run_id, "_link_MlflowLink")
