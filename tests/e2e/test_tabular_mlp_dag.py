@@ -106,6 +106,7 @@ def test_runs_register_promote_and_compare_with_the_champion(airflow_db, demo_pa
         for figure in ("compute_s", "step_time_s", "samples_per_s", "data_wait_fraction", "straggler_score"):
             assert client().get_metric_history(mlflow_run.info.run_id, f"rank_{rank}/{figure}"), (rank, figure)
     assert "stragglers" in tags
+    assert client().get_metric_history(mlflow_run.info.run_id, "node_0/cpu_percent")  # the node, once
     # What training cost (hours; no price set), on the run and the registered version.
     assert float(tags["cost.node_hours"]) > 0 and tags["cost.attempts"] == "1"
     assert second_version.tags["cost.node_hours"] == tags["cost.node_hours"]
