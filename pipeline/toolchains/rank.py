@@ -51,6 +51,18 @@ def main(argv: list[str]) -> None:
             raise
         with user_errors_reported():
             raise ConfigError(f"{name}: {exc}") from exc
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """After an entry that succeeded: every rank waits for the others, then closes the process group the entry left
+    up (the Hugging Face Trainer's). Left to the interpreter's exit, a rank still in c10d's threads when the group
+    goes was seen to abort ("terminate called without an active exception", SIGABRT) after training had finished,
+    under load, which failed a finished attempt."""
+    dist = sys.modules.get("torch.distributed")  # only if the entry imported it: this module imports no torch
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
