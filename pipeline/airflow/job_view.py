@@ -34,22 +34,24 @@ app = FastAPI(title="DDP pipeline: training jobs",
               dependencies=[Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE))])
 
 
-def job_files(dag_id: str, run_id: str, task_id: str, map_index: int) -> JobFiles:
-    """The job folder of a task instance (``RunInfo.job_dir``), or a 404 naming it when the task ran no job."""
-    folder = RunInfo(dag_id, run_id).job_dir(task_id, map_index)
+def job_files(dag_id: str, run_id: str, task_id: str, map_index: str) -> JobFiles:
+    """The job folder of a task instance (``RunInfo.job_dir``), or a 404 naming it when the task ran no job.
+    ``map_index``: the mapped instance's index; the UI leaves ``{MAP_INDEX}`` as it is for an unmapped one."""
+    index = int(map_index) if map_index.lstrip("-").isdigit() else -1
+    folder = RunInfo(dag_id, run_id).job_dir(task_id, index)
     if not folder.is_dir():
-        raise HTTPException(404, f"no training job of {dag_id} / {run_id} / {task_id} (map index {map_index}): "
+        raise HTTPException(404, f"no training job of {dag_id} / {run_id} / {task_id} (map index {index}): "
                                  f"{folder} does not exist (not started yet, or not a training task)")
     return JobFiles(folder)
 
 
 @app.get(ROUTE, response_class=HTMLResponse)
-def page(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
+def page(dag_id: str, run_id: str, task_id: str, map_index: str) -> str:
     return PAGE.read_text()
 
 
 @app.get(ROUTE + "data")
-def data(dag_id: str, run_id: str, task_id: str, map_index: int) -> dict:
+def data(dag_id: str, run_id: str, task_id: str, map_index: str) -> dict:
     return {"dag_id": dag_id, "run_id": run_id, "task_id": task_id} | live(job_files(dag_id, run_id, task_id, map_index))
 
 

@@ -25,7 +25,7 @@ def live(files: JobFiles, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     beats = read_heartbeats(files.progress) if files.progress.is_dir() else {}
     ranks = [_rank(rank, beat, len(beats), now) for rank, beat in sorted(beats.items())]
-    _scores(ranks)
+    _scores(ranks, beats)
     first = ranks[0] if ranks else {}
     eta = None
     if first.get("total") and first.get("step_time_s"):
@@ -53,15 +53,20 @@ def _rank(rank: int, beat: dict[str, Any], world: int, now: float) -> dict[str, 
             "window_step": window.get("step")} | figures
 
 
-def _scores(ranks: list[dict[str, Any]]) -> None:
-    """Each rank's straggler score in the last window every rank has reported (as ``RankTelemetry`` scores it)."""
-    step = min((rank.get("window_step") or -1 for rank in ranks), default=-1)
-    same = [rank for rank in ranks if rank.get("window_step") == step and "compute_s" in rank]
-    for rank in same:
-        others = [other["compute_s"] for other in same if other is not rank]
+def _scores(ranks: list[dict[str, Any]], beats: dict[int, dict[str, Any]]) -> None:
+    """Each rank's straggler score in the newest window every rank still keeps in its heartbeat (as
+    ``RankTelemetry`` scores it): ranks report the same steps, a moment apart."""
+    kept = {rank: {w["step"]: w for w in beat.get("windows", []) if "compute_s" in w} for rank, beat in beats.items()}
+    common = set.intersection(*(set(windows) for windows in kept.values())) if kept else set()
+    if not common:
+        return
+    step = max(common)
+    computes = {rank: windows[step]["compute_s"] for rank, windows in kept.items()}
+    for row in ranks:
+        others = [value for rank, value in computes.items() if rank != row["rank"]]
         median = statistics.median(others) if others else 0.0
         if median > 0:
-            rank["straggler_score"] = round(rank["compute_s"] / median, 3)
+            row["straggler_score"] = round(computes[row["rank"]] / median, 3)
 
 
 def _mlflow(files: JobFiles) -> dict[str, str] | None:

@@ -205,6 +205,7 @@ class _Loop:
         preemption.finish()
         with meter.timed("checkpoint"):
             ctx.checkpoints.wait()  # the last epoch's checkpoint is on disk before the run's end is
+        ctx.heartbeat.beat(step, total=self.total_steps, epoch=epoch, phase="finished", force=True)
         mark("last_step")
 
         train_wall_s = time.perf_counter() - loop_started

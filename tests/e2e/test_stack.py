@@ -419,6 +419,20 @@ def test_ui_trigger_form_run_task_log_and_mlflow_link(stack, browser):
     browser.wait(lambda: "[default0]:" in driver.find_element(By.TAG_NAME, "body").text, "rank-prefixed lines in the train log")
     browser.shot("train-log")
 
+    # The plugin's "Training job" tab on the task instance's page: the job view in the UI's frame, signed in by the
+    # UI's own session (the job ended: every rank, its cost, the MLflow run).
+    browser.wait(lambda: browser.by_text("a", "Training job") or browser.by_text("button", "Training job"),
+                 "the Training job tab")[0].click()
+    frame = browser.wait(lambda: driver.find_elements(By.TAG_NAME, "iframe"), "the job view's frame")[0]
+    assert "/pipeline/jobs/tabular_mlp/" in frame.get_attribute("src")  # an unmapped task: {MAP_INDEX} as it is
+    driver.switch_to.frame(frame)
+    browser.wait(lambda: driver.find_element(By.ID, "state").text == "finished"
+                 and len(driver.find_elements(By.CSS_SELECTOR, "#ranks tbody tr")) == 1, "the ended job in the view")
+    assert driver.find_element(By.ID, "cost").text.endswith("1 attempt(s))")
+    assert driver.find_element(By.ID, "error").text == ""
+    driver.switch_to.default_content()
+    browser.shot("training-job-tab")
+
     driver.get(f"{stack.airflow_url}/dags/tabular_mlp/runs/{run_id}/tasks/train/details")
     link = browser.wait(lambda: browser.by_text("a", "MLflow"), "the MLflow extra link")[0]
     mlflow_run = _xcom(client, "tabular_mlp", run_id, "train")["mlflow_run_id"]

@@ -179,3 +179,18 @@ def test_each_nodes_local_rank_0_samples_once_and_the_samples_become_node_metric
     rows = [json.loads(line) for line in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
     assert sum("node_0/cpu_percent" in row["metrics"] for row in rows) == 1
     assert "node 1: cpu " in summary_line(summary) and " gpu0 97%" in summary_line(summary)
+
+
+def test_the_live_view_scores_the_newest_window_every_rank_has(tmp_path):
+    from pipeline.job.live import live
+    from pipeline.job_files import JobFiles
+
+    files = JobFiles(tmp_path)
+    files.progress.mkdir()
+    # Rank 0 has already reported step 30; ranks 1 and 2 not yet: the scores are step 20's, for every rank.
+    for rank, windows in _beats({0: [(10, 0.01), (20, 0.01), (30, 0.01)], 1: [(10, 0.01), (20, 0.04)],
+                                 2: [(10, 0.01), (20, 0.01)]}).items():
+        (files.progress / f"rank-{rank}.json").write_text(json.dumps(windows | {"step": 20, "total": 100, "time": 0.0}))
+    view = live(files, now=1.0)
+    assert [row["straggler_score"] for row in view["ranks"]] == [0.4, 4.0, 0.4]
+    assert view["ranks"][0]["window_step"] == 30 and view["state"] == "running"
