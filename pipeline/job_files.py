@@ -9,17 +9,18 @@ ranks write, and the supervisor reads:
   ``interval_s`` and at once on an epoch or checkpoint boundary, replaced atomically; any training script can
   call ``Heartbeat.from_env().beat(step)`` after each optimizer step. ``DUMP_SIGNAL`` makes a rank print its stacks.
   A rank's own figures of its last window of steps (``Heartbeat.report``: step time, samples/s, data-wait share,
-  compute time) ride in the same file as ``windows`` (the last ``WINDOWS_KEPT``), and in each node's local rank 0's
-  file its node's utilisation every ``NODE_SAMPLE_S`` as ``node`` (``pipeline.node_usage``); the supervisor turns them into per-rank metrics and names
-  stragglers (``pipeline.job.telemetry``), with no collective between ranks;
+  compute time) ride in the same file as ``windows`` (the last ``WINDOWS_KEPT``), and in each node's local rank
+  0's file its node's utilisation every ``NODE_SAMPLE_S`` as ``node`` (``pipeline.node_usage``); the supervisor
+  turns them into per-rank metrics and names stragglers (``pipeline.job.telemetry``), with no collective between
+  ranks;
 - the preemption marker: when the ranks stop on SIGTERM (an eviction, a spot reclaim), rank 0 writes
   ``progress/preempted.json`` once the checkpoint of the step they agreed on is saved, and every rank exits
   with ``PREEMPTED_EXIT_CODE``: the attempt is restarted and resumes at that step;
 - user errors: a rank that raises a ``UserError`` writes ``errors/rank-R.json`` (``user_errors_reported``)
   before it dies, and the supervisor raises it as a ``RankUserError`` (``reported_user_error``), so neither a
   restart nor a retry follows;
-- rank 0's result (``result.json``, the task's XCom) and metrics (``metrics.jsonl``, relayed to MLflow), and the
-  supervisor's per-rank metrics (``telemetry.jsonl``, relayed the same way) and its record of every attempt's
+- rank 0's result (``result.json``, the task's XCom) and metrics (``metrics.jsonl``, relayed to MLflow; both
+  metrics files are written by ``MetricsSink``), and the supervisor's per-rank metrics (``telemetry.jsonl``, relayed the same way) and its record of every attempt's
   hours and cost (``attempts.jsonl``).
 
 Standard library only: the supervisor, every rank and a toolchain's own interpreter import it.
@@ -190,6 +191,39 @@ class Heartbeat:
         self._windows = self._windows[1 - WINDOWS_KEPT:] + [
             {"step": step} | {key: float(value) for key, value in figures.items()}]
         self.beat(step, total=total, epoch=epoch, force=True)
+
+
+class MetricsSink:
+    """A metrics file of the job folder (rank 0's ``metrics.jsonl``, the supervisor's ``telemetry.jsonl``), appended
+    one line per call, written whole; the task that supervises the job sends them to its MLflow run
+    (``pipeline.registry.metrics_relay``). Ranks never import MLflow: it would cost seconds before the first step,
+    and every rank waits for rank 0 there."""
+
+    def __init__(self, path: Path | None):
+        self._file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")
+            if self._file.tell() and _last_byte(path) != b"\n":
+                self._file.write("\n")  # a line cut short by a killed attempt stays on its own
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        if self._file is not None:
+            row = {"step": step, "timestamp": int(time.time() * 1000),
+                   "metrics": {key: float(value) for key, value in values.items()}}
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1)
 
 
 def read_heartbeats(directory: Path) -> dict[int, dict[str, Any]]:

@@ -10,7 +10,6 @@ written by the train stage). Reads files only: whoever serves it needs the job f
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from typing import Any
 
@@ -46,8 +45,7 @@ def live(files: JobFiles, now: float | None = None) -> dict[str, Any]:
 
 def _rank(rank: int, beat: dict[str, Any], world: int, now: float) -> dict[str, Any]:
     window = (beat.get("windows") or [{}])[-1]
-    figures = {key: window[key] / world if key in telemetry.RATES else window[key]
-               for key in telemetry.FIGURES if key in window}
+    figures = telemetry.own_figures(window, world)
     return {"rank": rank, "host": beat.get("host"), "step": beat.get("step"), "total": beat.get("total"),
             "epoch": beat.get("epoch"), "phase": beat.get("phase"), "age_s": round(now - beat.get("time", now), 1),
             "window_step": window.get("step")} | figures
@@ -60,13 +58,10 @@ def _scores(ranks: list[dict[str, Any]], beats: dict[int, dict[str, Any]]) -> No
     common = set.intersection(*(set(windows) for windows in kept.values())) if kept else set()
     if not common:
         return
-    step = max(common)
-    computes = {rank: windows[step]["compute_s"] for rank, windows in kept.items()}
+    scores = telemetry.straggler_scores({rank: windows[max(common)]["compute_s"] for rank, windows in kept.items()})
     for row in ranks:
-        others = [value for rank, value in computes.items() if rank != row["rank"]]
-        median = statistics.median(others) if others else 0.0
-        if median > 0:
-            row["straggler_score"] = round(computes[row["rank"]] / median, 3)
+        if row["rank"] in scores:
+            row["straggler_score"] = round(scores[row["rank"]], 3)
 
 
 def _mlflow(files: JobFiles) -> dict[str, str] | None:

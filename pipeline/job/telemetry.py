@@ -15,8 +15,8 @@ each window that every rank has reported into:
   ``launch.straggler_windows`` windows in a row is named in the task log (and again when it recovers);
 - each node's utilisation (CPU, memory, GPUs: ``pipeline.node_usage``), sampled by its local rank 0, as
   ``node_N/<figure>``;
-- at the end, the run's figures per rank and the stragglers named, in the result (``ranks``, ``stragglers``) and
-  the task log; the train stage tags the MLflow run with the stragglers.
+- at the end, the run's figures per rank and node and the stragglers named, read back from ``telemetry.jsonl``
+  (``summarize``) for the task log; the train stage tags the MLflow run with the stragglers.
 
 With fsdp the forward passes hold the parameters' all-gathers, in which a fast rank waits for a slow one: the
 compute times come closer together and a straggler scores lower than it is.
@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
+
+from pipeline.job_files import MetricsSink
 
 # Throughput's rates are the whole job's (this rank's times the world size); per rank they are divided back.
 RATES = ("samples_per_s", "tokens_per_s")
@@ -43,6 +44,7 @@ class RankTelemetry:
 
     def __init__(self, path: Path | None, *, ratio: float, windows: int):
         self.path, self.ratio, self.windows = (Path(path) if path else None), ratio, windows
+        self._sink: MetricsSink | None = None  # opened at the first line: a job whose ranks report none has no file
         self.new_attempt()
 
     def new_attempt(self) -> None:
@@ -74,18 +76,16 @@ class RankTelemetry:
         return lines
 
     def _take(self, step: int, window: dict[int, dict[str, float]]) -> list[str]:
-        ranks = len(window)
+        scores = straggler_scores({rank: figures.get("compute_s") for rank, figures in window.items()})
         values: dict[str, float] = {}
         lines = []
         for rank, figures in sorted(window.items()):
-            own = {k: figures[k] / ranks if k in RATES else figures[k] for k in FIGURES if k in figures}
-            others = [f["compute_s"] for r, f in window.items() if r != rank and "compute_s" in f]
-            median = statistics.median(others) if others else 0.0
-            if median > 0 and "compute_s" in figures:
-                own["straggler_score"] = figures["compute_s"] / median
-                lines += self._judge(rank, step, own["straggler_score"], figures.get("host"))
+            own = own_figures(figures, len(window))
+            if rank in scores:
+                own["straggler_score"] = scores[rank]
+                lines += self._judge(rank, step, scores[rank], figures.get("host"))
                 if rank in self._slow:  # named: the summary's stragglers are read back from these
-                    own["straggler"] = own["straggler_score"]
+                    own["straggler"] = scores[rank]
             values |= {f"rank_{rank}/{key}": round(value, 6) for key, value in own.items()}
         self._append(step, values)
         return lines
@@ -118,10 +118,25 @@ class RankTelemetry:
     def _append(self, step: int, values: dict[str, float]) -> None:
         if self.path is None or not values:
             return
-        row = {"step": step, "timestamp": int(time.time() * 1000), "metrics": values}
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
+        self._sink = self._sink or MetricsSink(self.path)
+        self._sink.log(values, step)
 
+
+def own_figures(figures: dict[str, float], ranks: int) -> dict[str, float]:
+    """A rank's reported window as its own figures: ``FIGURES`` only, the job's rates divided back to this rank's."""
+    return {key: figures[key] / ranks if key in RATES else figures[key] for key in FIGURES if key in figures}
+
+
+def straggler_scores(computes: dict[int, float | None]) -> dict[int, float]:
+    """Each rank's compute time in one window over the median of the other ranks' (ranks without one left out)."""
+    known = {rank: value for rank, value in computes.items() if value is not None}
+    scores = {}
+    for rank, value in known.items():
+        others = [other for r, other in known.items() if r != rank]
+        median = statistics.median(others) if others else 0.0
+        if median > 0:
+            scores[rank] = value / median
+    return scores
 
 
 def summarize(path: Path) -> dict[str, Any]:

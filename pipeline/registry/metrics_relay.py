@@ -1,15 +1,15 @@
 """Rank 0's metrics, and the supervisor's per-rank ones, sent to the job's MLflow run by the task that supervises the job.
 
 Ranks never import MLflow: rank 0 appends its metrics to the job folder's ``metrics.jsonl``
-(``pipeline.train.context.MetricsSink``), one JSON line per call, and the task relays the file to the run. Importing
+(``pipeline.job_files.MetricsSink``), one JSON line per call, and the task relays the file to the run. Importing
 MLflow and opening its store took rank 0 about 2 s before its first step, and every rank waits for rank 0 at the
 first all-reduce; the task process has MLflow imported already. The job folder is the channel every place
 already shares with the task (heartbeats, errors, the result), so nothing here depends on where the ranks run,
 and ranks need no route to the tracking server.
 
-The supervisor's per-rank metrics (``telemetry.jsonl``, ``pipeline.job.telemetry``) have the same format and go the
-same way (``JobFiles.relayed``). What has been sent is a byte offset kept beside each file (``metrics.sent``), so the relay is stateless: the
-task relays while the job runs and drains when it ends, the triggerer relays for a deferred task, and
+The supervisor's per-rank metrics (``telemetry.jsonl``, ``pipeline.job.telemetry``) are written the same way and go
+the same way (``JobFiles.relayed``). What has been sent is a byte offset kept beside each file (``metrics.sent``),
+so the relay is stateless: the task relays while the job runs and drains when it ends, the triggerer relays for a deferred task, and
 ``register_model`` sends whatever is left (after an outage longer than ``train.metrics_flush_timeout_s``).
 A failed send keeps its lines and is retried with backoff; lines are marked sent only once MLflow took them.
 """

@@ -7,48 +7,13 @@ uses them directly; framework trainers reach them through callbacks (``pipeline.
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
 from pipeline.diskspace import write_atomically
-from pipeline.job_files import JobFiles
+from pipeline.job_files import Heartbeat, JobFiles, MetricsSink
 from pipeline.train import distributed
 from pipeline.train.checkpoint import CheckpointStore
-from pipeline.job_files import Heartbeat
-
-
-class MetricsSink:
-    """Rank 0's metrics, appended to the job folder's ``metrics.jsonl`` (one line per call, written whole); the
-    task that supervises the job sends them to its MLflow run (``pipeline.registry.metrics_relay``). Ranks never import
-    MLflow: it would cost seconds before the first step, and every rank waits for rank 0 there."""
-
-    def __init__(self, path: Path | None):
-        self._file = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "a", encoding="utf-8")
-            if self._file.tell() and _last_byte(path) != b"\n":
-                self._file.write("\n")  # a line cut short by a killed attempt stays on its own
-
-    def log(self, values: dict[str, float], step: int) -> None:
-        if self._file is not None:
-            row = {"step": step, "timestamp": int(time.time() * 1000),
-                   "metrics": {key: float(value) for key, value in values.items()}}
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def _last_byte(path: Path) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(-1, os.SEEK_END)
-        return fh.read(1)
 
 
 class RunContext:

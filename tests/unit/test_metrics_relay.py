@@ -6,7 +6,7 @@ import threading
 import time
 
 from pipeline.registry.metrics_relay import MAX_BATCH, MetricsFile, Relay
-from pipeline.train.context import MetricsSink
+from pipeline.job_files import MetricsSink
 
 
 class Recorder:
