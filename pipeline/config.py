@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pipeline.config_fields import build, config_field, flatten
+from pipeline.config_fields import build, config_field, flatten, param_schema
 from pipeline.errors import ConfigError
 from pipeline.launch_config import LaunchConfig
 
@@ -280,17 +280,4 @@ class PipelineConfig:
     def param_schema(cls, dotted: str, default: Any) -> dict[str, Any]:
         """JSON-schema keywords for an Airflow ``Param`` mirroring a config field's rules."""
         hint, rules = cls.field_rules(dotted)
-        json_types = {int: "integer", float: "number", str: "string", bool: "boolean"}
-        bounds = {"minimum": rules.get("min"), "maximum": rules.get("max")}
-        bound_kw = {k: v for k, v in bounds.items() if v is not None}
-        if typing.get_origin(hint) is list:
-            (item_type,) = typing.get_args(hint)
-            items = {"type": json_types[item_type], **bound_kw}
-            if "choices" in rules:
-                items["enum"] = list(rules["choices"])
-            schema = {"type": "array", "items": items, "minItems": 1}
-        else:
-            schema = {"type": json_types[hint], **bound_kw}
-            if "choices" in rules:
-                schema["enum"] = list(rules["choices"])
-        return {"default": default, "description": rules["help"], **schema}
+        return param_schema(hint, rules, default)

@@ -19,6 +19,24 @@ def config_field(default: Any, help: str, **rules: Any) -> Any:
     return field(default=default, metadata={"help": help, **rules})
 
 
+def param_schema(hint: Any, rules: typing.Mapping[str, Any], default: Any) -> dict[str, Any]:
+    """JSON-schema keywords for an Airflow ``Param`` mirroring a field's type and rules (min, max, choices)."""
+    json_types = {int: "integer", float: "number", str: "string", bool: "boolean"}
+    bounds = {"minimum": rules.get("min"), "maximum": rules.get("max")}
+    bound_kw = {k: v for k, v in bounds.items() if v is not None}
+    if typing.get_origin(hint) is list:
+        (item_type,) = typing.get_args(hint)
+        items = {"type": json_types[item_type], **bound_kw}
+        if "choices" in rules:
+            items["enum"] = list(rules["choices"])
+        schema = {"type": "array", "items": items, "minItems": 1}
+    else:
+        schema = {"type": json_types[hint], **bound_kw}
+        if "choices" in rules:
+            schema["enum"] = list(rules["choices"])
+    return {"default": default, "description": rules["help"], **schema}
+
+
 def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"model": {"depth": 2}}`` -> ``{"model.depth": 2}``, at any depth."""
     flat: dict[str, Any] = {}

@@ -36,6 +36,12 @@ def mlflow_tracking_uri() -> str:
     return f"sqlite:///{home() / 'mlflow' / 'mlflow.db'}"
 
 
+def sweep_database() -> str:
+    """SQLAlchemy URL of the sweeps' Optuna studies (``PIPELINE_SWEEP_DB``, default a SQLite file under
+    ``$PIPELINE_HOME``; the services deployment's PostgreSQL has a ``sweeps`` database)."""
+    return os.environ.get("PIPELINE_SWEEP_DB") or f"sqlite:///{home() / 'sweeps' / 'optuna.db'}"
+
+
 def mlflow_artifact_root() -> str:
     """Artifact location for experiments this pipeline creates (``PIPELINE_MLFLOW_ARTIFACTS``)."""
     return os.environ.get("PIPELINE_MLFLOW_ARTIFACTS", (home() / "mlflow" / "artifacts").as_uri())

@@ -82,3 +82,10 @@ class NotStarted(TrainingFailed):
     """An attempt never got running (unschedulable, an image that cannot be pulled, a start-up limit)."""
 
     restartable = False
+
+
+class TrainingPruned(PipelineError):
+    """A sweep's pruner stopped the job after an epoch (``pipeline.sweep.pruning``): neither a user's mistake nor a
+    fault, never restarted or retried; the trial task ends with it as its outcome."""
+
+    restartable = False

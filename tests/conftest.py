@@ -12,7 +12,8 @@ import pytest
 # Before anything imports airflow or reads the settings: the session's own home and Airflow DB.
 _HOME = Path(tempfile.mkdtemp(prefix="pipeline-tests-"))
 os.environ["PIPELINE_HOME"] = str(_HOME)
-for key in ("PIPELINE_DATA_DIR", "PIPELINE_RUNS_DIR", "PIPELINE_MLFLOW_ARTIFACTS", "MLFLOW_TRACKING_URI", "AIRFLOW_HOME"):
+for key in ("PIPELINE_DATA_DIR", "PIPELINE_RUNS_DIR", "PIPELINE_MLFLOW_ARTIFACTS", "MLFLOW_TRACKING_URI", "AIRFLOW_HOME",
+            "PIPELINE_SWEEP_DB"):
     os.environ.pop(key, None)
 for key in [k for k in os.environ if k.startswith("AIRFLOW__")]:
     os.environ.pop(key)

@@ -25,9 +25,10 @@ import logging
 from functools import lru_cache
 from typing import Any
 
-# ``TrainOperator``'s task_type (its class's name), which Airflow serializes with every task: the scheduler
-# holds the serialized task, not the class, and importing the operators here would load the task SDK.
-TRAIN_OPERATOR = "TrainOperator"
+# The task_types (class names) of ``TrainOperator`` and a sweep's ``TrialOperator``, which Airflow serializes with
+# every task: the scheduler holds the serialized task, not the class, and importing the operators here would load
+# the task SDK.
+TRAIN_OPERATORS = ("TrainOperator", "TrialOperator")
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,9 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None
 
 
 def recipe_of(task: Any) -> str | None:
-    """The recipe ``task`` trains when it is a recipe's train task, else None: a ``TrainOperator`` (by its
-    serialized ``task_type``) whose ``recipe``, which it adds to its serialized fields, is a registered one."""
-    if getattr(task, "task_type", None) != TRAIN_OPERATOR:
+    """The recipe ``task`` trains when it is a recipe's train task, else None: a ``TrainOperator`` or a sweep's
+    ``TrialOperator`` (by its serialized ``task_type``) whose ``recipe``, which it adds to its serialized fields, is a registered one."""
+    if getattr(task, "task_type", None) not in TRAIN_OPERATORS:
         return None
     from pipeline.recipes import registry
 

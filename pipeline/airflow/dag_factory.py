@@ -25,7 +25,6 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
     """The pipeline DAG of a registered recipe. ``schedule`` may be Assets of daily datasets: a run they
     trigger trains on the newest ``data.window_intervals`` of them (``pipeline.data.versions.windows``)."""
     recipe = get_recipe(recipe_name)
-    dataset = Asset(name=recipe.name, uri=deployment.dataset_uri(recipe.name))
     config_from_params = recipe.config_from_params
 
     @dag(
@@ -41,24 +40,34 @@ def recipe_dag(recipe_name: str, *, schedule: Any = None, doc_md: str | None = N
         **dag_kwargs,
     )
     def pipeline_dag():
-        @task(outlets=[dataset])
-        def prepare_data(*, triggering_asset_events=None, outlet_events=None) -> dict:
-            window = windows.triggering_window(triggering_asset_events, deployment.data_dir())
-            prepared = run_stage(stages.prepare_data, config_from_params, window)
-            outlet_events[dataset].extra = windows.asset_extra(prepared)
-            return prepared
-
-        # Admission by GPUs: the training workers' queue, and as many slots of the training pool as the
-        # run's ranks use (a deployment's `gpu` pool has one slot per GPU). Here the default config's:
-        # the cluster policy pipeline.airflow.admission sets each run's instance to its own Params and conf's.
-        launch = recipe.config().launch
-        prepared = prepare_data()
-        trained = TrainOperator(task_id="train", recipe=recipe.name, prepared=prepared, queue=deployment.train_queue(),
-                                pool=deployment.train_pool(),
-                                pool_slots=deployment.train_pool_slots(launch.nproc_per_node * launch.nnodes))
+        prepared = prepare_data(recipe)()
+        trained = TrainOperator(task_id="train", recipe=recipe.name, prepared=prepared, **admission(recipe))
         release(config_from_params, prepared, with_mlflow_link(trained.output))
 
     return pipeline_dag()
+
+
+def prepare_data(recipe):
+    """The prepare_data task of ``recipe``'s DAGs: publishes the run's dataset version (its Asset's event)."""
+    dataset = Asset(name=recipe.name, uri=deployment.dataset_uri(recipe.name))
+
+    @task(task_id="prepare_data", outlets=[dataset])
+    def prepare(*, triggering_asset_events=None, outlet_events=None) -> dict:
+        window = windows.triggering_window(triggering_asset_events, deployment.data_dir())
+        prepared = run_stage(stages.prepare_data, recipe.config_from_params, window)
+        outlet_events[dataset].extra = windows.asset_extra(prepared)
+        return prepared
+
+    return prepare
+
+
+def admission(recipe) -> dict[str, Any]:
+    """Admission by GPUs of a train task: the training workers' queue, and as many slots of the training pool as
+    the run's ranks use (a deployment's `gpu` pool has one slot per GPU). Here the default config's: the cluster
+    policy pipeline.airflow.admission sets each run's instance to its own Params and conf's."""
+    launch = recipe.config().launch
+    return {"queue": deployment.train_queue(), "pool": deployment.train_pool(),
+            "pool_slots": deployment.train_pool_slots(launch.nproc_per_node * launch.nnodes)}
 
 
 def release(config_from_params, prepared, trained) -> None:

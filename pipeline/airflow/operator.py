@@ -89,7 +89,8 @@ class TorchrunOperator(BaseOperator):
             from pipeline.registry import tracking_server
 
             with tracking_server.for_ranks(spec) as spec:
-                self._job = Job(spec, clusters=AirflowClusters(), metrics_flush_timeout_s=self.metrics_flush_timeout_s)
+                self._job = Job(spec, clusters=AirflowClusters(), metrics_flush_timeout_s=self.metrics_flush_timeout_s,
+                                pruner=self._pruner(spec))
                 result = self._job.run(emit=self.log.info)
             return self._result(context, spec, result, time.time() - started)
 
@@ -103,6 +104,10 @@ class TorchrunOperator(BaseOperator):
             result = complete_attempt(self, spec, event, restart=restart, started=started,
                                       metrics_flush_timeout_s=self.metrics_flush_timeout_s)
             return self._result(context, spec, result, time.time() - started)
+
+    def _pruner(self, spec):
+        """What the supervisor asks on every poll whether to stop the job as pruned (a sweep trial's); none here."""
+        return None
 
     def _result(self, context, spec, result: Any, wall_s: float) -> Any:
         """The task's XCom: rank 0's result with the job's folder and wall time."""

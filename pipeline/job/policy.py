@@ -10,7 +10,9 @@ policy (``pipeline.job.ray.worker``) all ask it; none decides on its own. The ru
 - a preempted attempt (every rank checkpointed on SIGTERM and exited) and any other failure of the ranks are
   restarted while restarts are left, then fail as retryable;
 - a stall, a timeout, an attempt that never got running and a stop from outside are never restarted: the task
-  retry decides.
+  retry decides;
+- a pruned attempt (a sweep's pruner stopped the job, ``Supervisor(pruner=...)``) is an end of its own: neither
+  restarted nor retried, and not a failure (``TrainingPruned``).
 """
 
 from __future__ import annotations
@@ -20,19 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.errors import (NotStarted, RankUserError, TrainingFailed, TrainingPreempted, TrainingStalled,
-                             TrainingStopped, TrainingTimedOut)
+from pipeline.errors import (NotStarted, RankUserError, TrainingFailed, TrainingPreempted, TrainingPruned,
+                             TrainingStalled, TrainingStopped, TrainingTimedOut)
 from pipeline.job_files import JobFiles, read_preemption, reported_user_error
 
 STOPPED = "the training job was stopped (the task was killed, cleared or timed out)"
-ENDINGS = ("succeeded", "failed", "not_started", "timeout", "stalled", "stopped")
+ENDINGS = ("succeeded", "failed", "not_started", "timeout", "stalled", "stopped", "pruned")
 
 
 @dataclass(frozen=True)
 class Ended:
     """How an attempt ended. ``status``: ``succeeded``, ``failed``, ``not_started`` (it never got running:
-    unschedulable, an image that cannot be pulled), ``timeout``, ``stalled`` or ``stopped``; ``message``
-    says how, in the place's words."""
+    unschedulable, an image that cannot be pulled), ``timeout``, ``stalled``, ``stopped`` or ``pruned``;
+    ``message`` says how, in the place's words."""
 
     status: str
     message: str = ""
@@ -90,6 +92,8 @@ def failure(end: Ended, findings: Findings, tail: Sequence[str] = ()) -> Excepti
         return None
     if end.status == "stopped":
         return TrainingStopped(end.message or STOPPED)
+    if end.status == "pruned":
+        return TrainingPruned(end.message)
     if end.status == "timeout":
         return TrainingTimedOut(end.message)
     if end.status == "stalled":

@@ -17,6 +17,8 @@ A place only starts, polls and stops one attempt (``pipeline.job.places.Place``)
 - every rank's figures, read from the heartbeats as they come: per-rank metrics beside rank 0's, stragglers named
   in the log, the run's per-rank summary at the end (``pipeline.job.telemetry``); each attempt's hours and cost
   recorded when it ends, the run's at the end (``pipeline.job.cost``); ``run_figures`` reads them back;
+- pruning: a ``pruner`` (a sweep's, ``pipeline.sweep.pruning``) asked on every poll; a reason it returns stops the
+  job as ``pruned`` (``TrainingPruned``: not a failure, never restarted);
 - teardown: whatever ends an attempt (its end, a timeout, a stall, ``stop()`` from any thread, SIGTERM
   or SIGINT of the task process), the place's ``stop`` has run before the attempt returns.
 
@@ -42,6 +44,7 @@ from pipeline.job_files import read_heartbeats
 log = logging.getLogger(__name__)
 
 Emit = Callable[[str], None]
+Pruner = Callable[[], "str | None"]  # asked on every poll: a reason to stop the job as pruned, or None
 TAIL_LINES = 60
 POLL_S = 0.5
 METRICS_FLUSH_TIMEOUT_S = 120.0
@@ -77,8 +80,8 @@ class Supervisor:
     ``stop()`` may come from any thread (``on_kill``, a signal)."""
 
     def __init__(self, spec: JobSpec, place: Place, *, poll_s: float | None = None,
-                 metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S):
-        self.spec, self.place = spec, place
+                 metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S, pruner: Pruner | None = None):
+        self.spec, self.place, self.pruner = spec, place, pruner
         self.poll_s = poll_s or place.poll_s
         self.metrics_flush_timeout_s = metrics_flush_timeout_s
         self._stopped = threading.Event()
@@ -154,6 +157,9 @@ class Supervisor:
             verdict = watchdog.check(time.monotonic())
             for line in self.telemetry.update(watchdog.beats):
                 emit(line)
+            reason = self.pruner() if self.pruner is not None and verdict is None else None
+            if reason:
+                verdict = Ended("pruned", reason)
             if verdict is not None:
                 emit(verdict.message)
                 if verdict.status == "stalled":
@@ -244,10 +250,10 @@ class Job:
     connection (``pipeline.job.places.Clusters``), handed in by the Airflow layer."""
 
     def __init__(self, spec: JobSpec, *, clusters: Clusters | None = None,
-                 metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S):
+                 metrics_flush_timeout_s: float = METRICS_FLUSH_TIMEOUT_S, pruner: Pruner | None = None):
         self.spec = resolve(spec)
         self.supervisor = Supervisor(self.spec, place_for(self.spec, clusters),
-                                     metrics_flush_timeout_s=metrics_flush_timeout_s)
+                                     metrics_flush_timeout_s=metrics_flush_timeout_s, pruner=pruner)
 
     def run(self, emit: Emit | None = None) -> dict[str, Any] | None:
         return self.supervisor.run(emit)

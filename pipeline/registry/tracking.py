@@ -134,6 +134,11 @@ def set_tags(run_id: str, tags: dict[str, str]) -> None:
     client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def end_run(run_id: str, status: str) -> None:
+    """Mark a run ended (``FINISHED``, ``FAILED``, ``KILLED``)."""
+    client().set_terminated(run_id, status)
+
+
 def log_dataset_input(run_id: str, *, name: str, digest: str, source_uri: str, profile: dict[str, Any]) -> None:
     """Record the dataset version as the run's training input (name, digest, source), once."""
     import json

@@ -15,10 +15,14 @@ from pipeline.stages.lineage import lineage_tags
 from pipeline.stages.run import RunInfo
 
 
-def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
+def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, *, map_index: int = -1,
+              key: str | None = None, tags: dict[str, str] | None = None):
     """The run's training job (``JobSpec``): its MLflow run created once, tagged with the lineage and given
     what is trained as params, and what is trained written into the job folder, where the ranks read it.
-    Where the job runs reaches the place through the ``JobSpec``, not the ranks' config file."""
+    Where the job runs reaches the place through the ``JobSpec``, not the ranks' config file.
+
+    A sweep's trial is one of several jobs of its DAG run: its mapped task's ``map_index`` keys its job folder,
+    ``key`` its MLflow run (default: the DAG run's), and ``tags`` add to the run's."""
     from pipeline.job.spec import JobSpec
     from pipeline.registry import tracking
     from pipeline.registry.links import run_url
@@ -26,7 +30,8 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
     with tracking.reachable("create the MLflow run"):
         # The ranks asked for say where the run went, not what it trained: a tag of this run, outside the lineage.
         ranks = {"launch.world_size": str(cfg.launch.nnodes * cfg.launch.nproc_per_node)}
-        mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, run.key, lineage_tags(cfg, run, dataset) | ranks)
+        mlflow_run_id = tracking.ensure_run(cfg.registry.experiment, key or run.key,
+                                            lineage_tags(cfg, run, dataset) | ranks | (tags or {}))
         experiment_id = tracking.experiment_id(cfg.registry.experiment)
         tracking.log_params_once(mlflow_run_id, cfg.as_params())
         tracking.log_dataset_input(
@@ -34,11 +39,12 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData):
             profile={"rows": dataset.rows},
         )
     # Keyed by DAG, run and task, not by try: a retry resumes from the checkpoints the last try left.
-    folder = run.job_dir("train")
+    folder = run.job_dir("train", map_index)
     spec = JobSpec(
         entry=["-m", "pipeline.rank", "--config", str(folder / "config.json"),
                *(arg for uri in dataset.uris for arg in ("--dataset", uri))],
-        job_dir=folder, launch=cfg.launch, name=f"{run.dag_id}-train-{run.try_number}",
+        job_dir=folder, launch=cfg.launch,
+        name=f"{run.dag_id}-train-" + (f"{map_index}-" if map_index >= 0 else "") + str(run.try_number),
         try_number=run.try_number, labels={"dag_id": run.dag_id, "run_id": run.run_id, "task_id": "train",
                                            "try_number": str(run.try_number)},
         # The run's id tells the task's metrics relay where rank 0's metrics go (pipeline.registry.metrics_relay).

@@ -85,3 +85,14 @@ def test_findings_are_what_the_ranks_wrote_in_the_job_folder(tmp_path, monkeypat
     mark_preempted(files.progress, rank=0, step=9)
     files.clear_preemption()
     assert Findings.read(files).preempted_step is None
+
+
+def test_a_pruned_attempt_ends_without_a_restart_even_with_restarts_left_and_a_preemption_marker():
+    """A sweep's pruner stopped the job: the ranks checkpointed on SIGTERM like a preemption, but it is its own end."""
+    from pipeline.errors import TrainingPruned
+
+    decision = decide(Ended("pruned", "trial 3 pruned after epoch 2"), Findings(preempted_step=40), restart=0,
+                      max_restarts=3)
+    assert decision.action == "fail" and isinstance(decision.error, TrainingPruned)
+    assert not isinstance(decision.error, TrainingFailed)  # not a failure: the trial task catches it and succeeds
+    assert str(decision.error) == "trial 3 pruned after epoch 2"

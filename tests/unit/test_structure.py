@@ -76,7 +76,7 @@ LAYERS = [
      "pipeline.diskspace", "pipeline.config_fields", "pipeline.results", "pipeline.job_files"],  # job folder contract
     ["pipeline.launch_config"],  # where a run trains: the config's launch section
     ["pipeline.config", "pipeline.toolchains"],
-    ["pipeline.data", "pipeline.registry", "pipeline.evaluate"],
+    ["pipeline.data", "pipeline.registry", "pipeline.evaluate", "pipeline.sweep"],
     ["pipeline.train"],  # what runs in a rank, below any recipe
     ["pipeline.recipes", "pipeline.job"],  # workloads; running a job anywhere (knows no recipe, no Airflow)
     ["pipeline.rank", "pipeline.stages"],  # a recipe's rank entrypoint; the stages the DAG tasks call
