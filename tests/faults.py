@@ -11,11 +11,11 @@ from pathlib import Path
 from pipeline.job_files import read_heartbeats
 
 
-def when_checkpoint(out: Path, action, min_step: int) -> threading.Thread:
+def when_checkpoint(out: Path, action, min_step: int, timeout_s: float = 120) -> threading.Thread:
     """Run ``action(heartbeats)`` as soon as a checkpoint of at least ``min_step`` exists under ``out``."""
 
     def watch():
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*")]
             if steps and max(steps) >= min_step:

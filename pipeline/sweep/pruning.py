@@ -20,21 +20,25 @@ class EpochPruner:
         self.offset = 0
         # Epochs an earlier try reported (a retried trial reads its metrics file from the start again).
         done = [t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number]
-        self.reported = set(done[0].intermediate_values) if done else set()
+        self.reported: dict[int, float] = dict(done[0].intermediate_values) if done else {}
+        self.asked = False  # a retried trial asks once about the epochs an earlier try reported
 
     def __call__(self) -> str | None:
         """A reason to stop when the pruner says so after a new epoch's value, else None."""
-        fresh = []
+        fresh = False
         for epoch, value in self._epochs():
             if epoch not in self.reported:
                 self.trial.report(value, epoch)
-                self.reported.add(epoch)
-                fresh.append((epoch, value))
-        if fresh and self.trial.should_prune():
-            epoch, value = fresh[-1]
-            return (f"trial {self.trial.number} pruned after epoch {epoch}: {self.objective} {value:.6g} is not "
-                    f"among the better trials' at that epoch ({type(self.trial.study.pruner).__name__})")
-        return None
+                self.reported[epoch] = value
+                fresh = True
+        if not (fresh or (self.reported and not self.asked)):
+            return None
+        self.asked = True
+        if not self.trial.should_prune():
+            return None
+        epoch = max(self.reported)
+        return (f"trial {self.trial.number} pruned after epoch {epoch}: {self.objective} {self.reported[epoch]:.6g} "
+                f"is not among the better trials' at that epoch ({type(self.trial.study.pruner).__name__})")
 
     def _epochs(self) -> list[tuple[int, float]]:
         """The epoch lines appended since the last call (whole lines only: rank 0 may be writing one)."""

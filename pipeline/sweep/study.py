@@ -74,8 +74,9 @@ class Sweep:
 
         study = optuna.create_study(study_name=name, storage=storage(), direction=self.direction,
                                     sampler=self.sampler(), pruner=self.make_pruner(), load_if_exists=True)
-        for point in self.enqueue:
-            study.enqueue_trial(self.space.encode(point), skip_if_exists=True)
+        if not study.get_trials(deepcopy=False):  # once: a cleared sweep's plan finds them there
+            for point in self.enqueue:
+                study.enqueue_trial(self.space.encode(point))
         return study
 
     def load_study(self, name: str):
@@ -175,6 +176,8 @@ def storage():
     """The studies' storage on the deployment's database (SQLite waits for its lock rather than failing)."""
     import optuna
 
+    optuna.logging.disable_default_handler()  # its lines go through Python logging, into the task log at their level
+    optuna.logging.enable_propagation()
     url = deployment.sweep_database()
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite:///"):
