@@ -115,7 +115,8 @@ def trial_pruned(slot: SlotTrial, spec, reason: str) -> dict[str, Any]:
 
 def trial_failed(slot: SlotTrial, error: BaseException) -> None:
     """Note what the trial failed on (``best_trial`` lists it; the study marks it failed once its task is done)."""
-    slot.trial.set_user_attr(ERROR, f"{type(error).__name__}: {error}"[:2000])
+    cause = error.__cause__ or error  # the user error under the task's AirflowFailException
+    slot.trial.set_user_attr(ERROR, f"{type(cause).__name__}: {cause}"[:2000])
 
 
 def best_trial(cfg: PipelineConfig, run: RunInfo, sweep: Sweep) -> dict[str, Any]:
