@@ -186,6 +186,7 @@ class TrainingSummary(Result):
     final_metrics: dict[str, float]
     baseline_metrics: dict[str, float] | None = None
     cost: dict[str, Any] | None = None  # the run's hours and cost over its attempts (pipeline.job.cost)
+    sweep: dict[str, Any] | None = None  # a sweep's best trial, its params and the trials' ends (pipeline.stages.sweep)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -67,6 +67,6 @@ def remove_stack(stack: LocalStack) -> None:
     import redis
 
     stack.down()
-    for purpose in ("airflow", "mlflow"):
+    for purpose in ("airflow", "mlflow", "sweeps"):
         drop_database(stack.postgres, f"{stack.db_prefix}_{purpose}")
     redis.Redis.from_url(stack.redis, socket_connect_timeout=5).flushdb()  # its messages and the claim

@@ -1,5 +1,7 @@
 """`make demo [RECIPE=name]`: write the recipe's demo data, run its DAG through Airflow, summarize.
 
+``--sweep`` runs the recipe's sweep DAG instead (``<recipe>_sweep``): its best trial is the model summarized.
+
 Runs on the embedded default (SQLite Airflow, local MLflow, local torchrun). The last line printed
 is one JSON object with the dataset, the model version and aliases, test metrics and stage times.
 """
@@ -120,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launch", choices=sorted(LAUNCHES), default="local",
                         help="where training runs: local (torchrun) or ray (Ray Train on a local Ray cluster, "
                         "fed by Ray Data)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="run the recipe's sweep DAG (<recipe>_sweep: n_trials mapped trials, the best released); "
+                        "its Params in --conf, e.g. '{\"n_trials\": 4}'")
     args = parser.parse_args(argv)
 
     deployment.apply_airflow_env()
@@ -136,11 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     conf = {"input_path": input_path, "variant": "demo", **json.loads(args.conf)}
     if LAUNCHES[args.launch]:
         conf["overrides"] = {**LAUNCHES[args.launch], **conf.get("overrides", {})}
-    dag_run = run_dag(recipe.name, conf)
+    dag_id = f"{recipe.name}_sweep" if args.sweep else recipe.name
+    dag_run = run_dag(dag_id, conf, deployment.PROJECT_ROOT / "dags" / "sweeps.py" if args.sweep else None)
     state = str(getattr(dag_run.state, "value", dag_run.state))
     from pipeline.stages.run import RunInfo
 
-    summary_path = RunInfo(recipe.name, dag_run.run_id).workdir / "summary.json"
+    summary_path = RunInfo(dag_id, dag_run.run_id).workdir / "summary.json"
     if state != "success" or not summary_path.exists():
         print(f"DAG run {dag_run.run_id} ended in state {state}; see the task logs above", file=sys.stderr)
         return 1
@@ -156,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         **({"before_training": baseline} if baseline is not None else {}),
         "promoted": summary.promoted,
         **({"training_cost": summary.train.cost} if summary.train.cost else {}),
+        **({"sweep": summary.train.sweep} if summary.train.sweep else {}),
         "wall_s": summary.wall_s | {"total": round(total_s, 3)},
     }))
     return 0

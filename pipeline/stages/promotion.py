@@ -65,7 +65,7 @@ def promote(
         report=evaluation.report,
         train=TrainingSummary(samples_per_s=trained.samples_per_s, world_size=trained.world_size, backend=trained.backend,
                               final_metrics=trained.metrics, baseline_metrics=trained.baseline_metrics,
-                              cost=trained.details.get("cost")),
+                              cost=trained.details.get("cost"), sweep=trained.details.get("sweep")),
         wall_s={
             "prepare_data": dataset.wall_s, "train": trained.wall_s, "register_model": registered.wall_s,
             "evaluate": evaluation.wall_s, "promote": clock.total(),

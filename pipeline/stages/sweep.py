@@ -125,6 +125,7 @@ def best_trial(cfg: PipelineConfig, run: RunInfo, sweep: Sweep) -> dict[str, Any
     failed: it is marked failed. The sweep fails when no trial completed."""
     from optuna.trial import TrialState
 
+    from pipeline.job.supervisor import run_tags
     from pipeline.registry import tracking
 
     study = sweep.load_study(run.key)
@@ -152,9 +153,12 @@ def best_trial(cfg: PipelineConfig, run: RunInfo, sweep: Sweep) -> dict[str, Any
     summary = (f"best trial {best.number} (slot {best.user_attrs[SLOT]}) {sweep.config.objective} {best.value:.6g} "
                f"with {json.dumps(best.params)}; {counts['complete']} complete, {counts['pruned']} pruned, "
                f"{counts['failed']} failed")
+    spent = sweep_cost(run, trials)
     with tracking.reachable("record the sweep's best trial"):
         tracking.log_metrics_now(parent, {f"best_{sweep.config.objective}": best.value}
-                                 | {f"trials_{state}": n for state, n in counts.items()})
+                                 | {f"trials_{state}": n for state, n in counts.items()}
+                                 | {f"sweep_{key}": spent[key] for key in ("gpu_hours", "node_hours", "cost")})
+        tracking.set_tags(parent, run_tags({"cost": spent}))
         tracking.set_tags(parent, {"sweep.best_trial": str(best.number), "sweep.best_run_id": trained.mlflow_run_id,
                                    "sweep.summary": summary, "dataset.version": trained.dataset_version})
         tracking.set_tags(trained.mlflow_run_id, {"sweep.best": "true"})
@@ -162,7 +166,20 @@ def best_trial(cfg: PipelineConfig, run: RunInfo, sweep: Sweep) -> dict[str, Any
     log.info("%s%s", summary, f"; failed: {failed}" if failed else "")
     facts = {"best_trial": best.number, "value": best.value, "params": best.params, "trials": counts,
              "overrides": sweep.space.overrides(best.params), "parent_run_id": parent}
-    return trained.to_xcom() | {"details": {**trained.details, "sweep": facts}}
+    # What the model cost is what finding it cost: every trial's attempts (the registered version's cost.* tags).
+    return trained.to_xcom() | {"details": {**trained.details, "sweep": facts, "cost": spent}}
+
+
+def sweep_cost(run: RunInfo, trials: list) -> dict[str, Any]:
+    """Every trial's attempts summed (``pipeline.job.cost``), read from each slot's job folder (the train task's,
+    by its map index)."""
+    from pipeline.job.supervisor import run_figures
+    from pipeline.job_files import JobFiles
+
+    slots = sorted({t.user_attrs[SLOT] for t in trials})  # a slot's folder holds all its trials' attempts
+    spent = [run_figures(JobFiles(run.job_dir("train", slot))).get("cost") for slot in slots]
+    return {key: round(sum(c[key] for c in spent if c), 6) for key in ("attempts", "wall_s", "node_hours", "gpu_hours",
+                                                                       "cost")}
 
 
 def sweep_params(sweep: Sweep) -> dict[str, str]:

@@ -133,6 +133,7 @@ class LocalStack:
                 "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": self.mlflow_port}),
                 "PIPELINE_TRAIN_QUEUE": "gpu",
                 "PIPELINE_TRAIN_POOL": "gpu",
+                "PIPELINE_SWEEP_DB": self.database_url("sweeps").replace("postgresql://", "postgresql+psycopg2://", 1),
             })
             env.pop("MLFLOW_TRACKING_URI", None)
         env.update(self.extra_env)
@@ -172,7 +173,7 @@ class LocalStack:
         self.airflow_home.mkdir(parents=True, exist_ok=True)
         env = self.environment()
         if self.mode == SERVICES_MODE:
-            for purpose in ("airflow", "mlflow"):
+            for purpose in ("airflow", "mlflow", "sweeps"):
                 create_database(self.postgres, f"{self.db_prefix}_{purpose}")
         write_private(self.passwords_path, json.dumps({"admin": self.admin_password()}))
         log_dir = self.home / "logs"
