@@ -59,7 +59,8 @@ def recipe_of(task: Any) -> str | None:
         return None
     from pipeline.recipes import registry
 
-    recipe = getattr(task, "recipe", None)
+    # A sweep's mapped train task keeps its arguments in ``partial_kwargs`` (each mapped instance is sized alike).
+    recipe = getattr(task, "recipe", None) or (getattr(task, "partial_kwargs", None) or {}).get("recipe")
     return recipe if recipe in registry() else None
 
 

@@ -7,7 +7,7 @@ import sys
 from pipeline import deployment
 
 DAG_FILES = sorted((deployment.PROJECT_ROOT / "dags").glob("*.py"))
-HEAVY = ["torch", "mlflow", "pyarrow", "streaming", "transformers", "pandas"]
+HEAVY = ["torch", "mlflow", "pyarrow", "streaming", "transformers", "pandas", "optuna"]
 
 
 def test_every_recipe_has_its_dag_file():
@@ -29,6 +29,23 @@ def test_dag_bag_has_no_import_errors():
         dag = bag.dags[recipe]
         assert [t.task_id for t in dag.topological_sort()] == [
             "prepare_data", "train", "register_model", "evaluate", "approve", "promote"]
+
+
+def test_every_recipe_has_its_sweep_dag_of_mapped_trials():
+    from airflow.dag_processing.dagbag import DagBag
+
+    from pipeline.recipes import recipe_names
+
+    bag = DagBag(dag_folder=str(deployment.PROJECT_ROOT / "dags" / "sweeps.py"))
+    assert bag.import_errors == {} and set(bag.dags) == {f"{recipe}_sweep" for recipe in recipe_names()}
+    for recipe in recipe_names():
+        dag = bag.dags[f"{recipe}_sweep"]
+        assert [t.task_id for t in dag.topological_sort()] == [
+            "plan_sweep", "prepare_data", "train", "best_trial", "register_model", "evaluate", "approve", "promote"]
+        train = dag.get_task("train")
+        assert type(train).__name__ == "MappedOperator" and train.partial_kwargs["max_active_tis_per_dagrun"] == 2
+        assert dag.get_task("best_trial").trigger_rule == "all_done"  # runs when every trial ended, failed or not
+        assert {"search_space", "n_trials", "pruner", "objective", "enqueue", "epochs"} <= set(dag.params)
 
 
 def test_importing_dag_files_imports_no_heavy_library():

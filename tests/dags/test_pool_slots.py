@@ -96,7 +96,7 @@ def pool_slots(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("admission")
     dags = tmp / "dags"
     dags.mkdir()
-    for name in ("tabular_mlp.py", "trl_sft_example.py"):  # a recipe DAG, and a script DAG on the same Params
+    for name in ("tabular_mlp.py", "trl_sft_example.py", "sweeps.py"):  # a recipe DAG, a script DAG, the sweeps
         (dags / name).symlink_to(deployment.PROJECT_ROOT / "dags" / name)
     (dags / "nightly_tables.py").write_text(RENAMED_DAG)
     home = tmp / "airflow"
@@ -105,7 +105,8 @@ def pool_slots(tmp_path_factory):
            "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
     env.pop("PIPELINE_TRAIN_POOL_SLOTS", None)
     runs = {"tabular_mlp": RUNS, "trl_sft_example": {"script_four_ranks": {"nproc_per_node": 4}},
-            "nightly_tables": {"four_ranks": {"nproc_per_node": 4}}}
+            "nightly_tables": {"four_ranks": {"nproc_per_node": 4}},
+            "tabular_mlp_sweep": {"sweep_four_ranks": {"nproc_per_node": 4}}}
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(runs), str(dags)], env=env, cwd=tmp,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -146,3 +147,9 @@ def test_a_recipes_train_task_is_known_by_its_operator_not_by_its_dag_id(pool_sl
     # nightly_tables is no recipe's name and its task is "fit": the run's 4 ranks still size it.
     result, _ = pool_slots
     assert result["created"]["nightly_tables/four_ranks"] == 4
+
+
+def test_a_sweeps_mapped_trials_take_their_runs_ranks(pool_slots):
+    # The mapped train task keeps its recipe in partial_kwargs; its instance (expanded alike later) is sized by the run.
+    result, _ = pool_slots
+    assert result["created"]["tabular_mlp_sweep/sweep_four_ranks"] == 4
