@@ -158,20 +158,28 @@ def _dimension(where: str, name: str, spec: Any, base: PipelineConfig, searchabl
 
 
 def param_schema(base: PipelineConfig) -> dict[str, Any]:
-    """JSON-schema keywords of the ``search_space`` Param: its keys must be searchable fields and each value a
-    range or choices, so the trigger form and the REST API refuse an unknown field before a run exists (the
-    rest, low < high and each choice, is checked by ``SearchSpace.parse`` in the sweep's first task)."""
+    """JSON-schema keywords of the ``search_space`` Param: its keys must be searchable fields, each value a range or
+    choices, and a numeric field's bounds and choices within its min and max, so the trigger form and the REST API
+    refuse those before a run exists (the rest, low < high and each choice's other rules, is checked by
+    ``SearchSpace.parse`` in the sweep's first task)."""
     number = {"type": "number"}
-    return {
-        "type": "object", "minProperties": 1,
-        "propertyNames": {"enum": searchable_fields(base)},
-        "additionalProperties": {"oneOf": [
-            {"type": "object", "required": ["low", "high"], "additionalProperties": False,
-             "properties": {"low": number, "high": number, "log": {"type": "boolean"}, "step": number}},
-            {"type": "object", "required": ["choices"], "additionalProperties": False,
-             "properties": {"choices": {"type": "array", "minItems": 1}}},
-        ]},
-    }
+    entry = {"oneOf": [
+        {"type": "object", "required": ["low", "high"], "additionalProperties": False,
+         "properties": {"low": number, "high": number, "log": {"type": "boolean"}, "step": number}},
+        {"type": "object", "required": ["choices"], "additionalProperties": False,
+         "properties": {"choices": {"type": "array", "minItems": 1}}},
+    ]}
+    fields = searchable_fields(base)
+    bounded = {}
+    for name in fields:
+        hint, rules = type(base).field_rules(name)
+        limits = {key: rules[rule] for key, rule in (("minimum", "min"), ("maximum", "max")) if rule in rules}
+        if hint in (int, float) and limits:
+            within = {"type": "number", **limits}
+            bounded[name] = {"allOf": [entry, {"properties": {"low": within, "high": within,
+                                                              "choices": {"items": within}}}]}
+    return {"type": "object", "minProperties": 1, "propertyNames": {"enum": fields}, "properties": bounded,
+            "additionalProperties": entry}
 
 
 def _encode(value: Any) -> Any:

@@ -65,9 +65,6 @@ class Sweep:
         enqueue = tuple(check_point(p, space, base, f"enqueue[{i}]") for i, p in enumerate(points))
         return cls(config, space, enqueue, direction(config.objective, config.direction, base))
 
-    def storage(self):
-        return storage()
-
     def create_study(self, name: str):
         """The study of sweep run ``name``, created on first use with its points to try first."""
         import optuna

@@ -60,7 +60,9 @@ def test_the_param_schema_refuses_an_unknown_field_or_a_malformed_range_at_trigg
     jsonschema.validate({"train.learning_rate": {"low": 1e-4, "high": 1e-2, "log": True}}, schema)
     jsonschema.validate({"model.hidden_sizes": {"choices": [[8], [16]]}}, schema)
     for bad in ({"train.learnig_rate": {"low": 1e-4, "high": 1e-2}}, {"train.learning_rate": {"low": 1e-4}},
-                {"train.learning_rate": {"low": "small", "high": 1.0}}, {"data.val_fraction": {"choices": [0.1]}}, {}):
+                {"train.learning_rate": {"low": "small", "high": 1.0}}, {"data.val_fraction": {"choices": [0.1]}}, {},
+                {"train.learning_rate": {"low": 1e-4, "high": 2.0}}, {"train.epochs": {"choices": [2, 0]}},
+                {"train.learning_rate": {"high": 1e-2, "log": True}}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
 
