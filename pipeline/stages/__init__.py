@@ -1,6 +1,7 @@
 """The pipeline's stages, one module each; each DAG task is one call to one of their functions:
 ``preparation`` (prepare_data, prepare_interval), ``training`` (train_job and trained_model, around the job's
-run), ``registration`` (register_model), ``evaluation`` (evaluate), ``promotion`` (promote); ``lineage`` (what
+run), ``registration`` (register_model), ``evaluation`` (evaluate), ``promotion`` (promote), ``sweep`` (a sweep's plan,
+trials and best trial, around the train stage); ``lineage`` (what
 ties a model to what made it), ``run`` (which DAG run a stage works for) and ``script`` (the stages around a
 user's own training script).
 

@@ -82,3 +82,13 @@ def test_the_sweep_fails_when_no_trial_completed_naming_what_each_failed_on(airf
     with pytest.raises(ConfigError, match=r"no trial completed \(0 pruned, 1 failed\): trial 0 \(slot 0\): "
                                           r"RankUserError: .*cpu_offload"):
         best_trial(cfg, RunInfo(DAG_ID, dag_run.run_id), Sweep.from_params(conf, cfg))
+
+
+def test_an_impossible_range_fails_the_first_task_before_any_data_is_prepared(airflow_db, demo_parquet):
+    conf = _conf(demo_parquet, "tabular_mlp_sweep_bad_range", n_trials=2)
+    conf["search_space"] = {"train.learning_rate": {"low": 0.01, "high": 0.001}}
+    dag_run = _run(conf)
+    states = _instances(dag_run.run_id)
+    assert str(getattr(dag_run.state, "value", dag_run.state)) == "failed"
+    assert states[("plan_sweep", -1)] == ("failed", 1)  # a user error: no retry
+    assert states[("prepare_data", -1)][0] == "upstream_failed"
