@@ -2,7 +2,7 @@
 median pruner and with none, side by side: wall time of each, their ratio (target <= 0.6), and the best trial's
 validation loss of each (target: within 1%).
 
-    .venv/bin/python bench/sweep.py [--trials 8 --epochs 10 --rows 60000 --ranks 2 --at-once 1]
+    .venv/bin/python bench/sweep.py [--trials 8 --epochs 20 --rows 60000 --ranks 2 --at-once 1]
 
 Each trial goes through the sweep's own stages, as a `<recipe>_sweep` DAG's mapped train task does
 (``pipeline.stages.sweep``: the study's trial for the slot, its training job with a child MLflow run, the pruner
@@ -71,7 +71,7 @@ def run_sweep(pruner: str, args, input_path: str, tag: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--rows", type=int, default=60_000)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--at-once", type=int, default=1, help="trials training side by side")

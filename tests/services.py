@@ -192,6 +192,15 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
+def dag_parsed(api, dag_id: str) -> bool:
+    """Whether the deployment's api-server knows ``dag_id`` yet (the dag-processor has parsed its file)."""
+    try:
+        api.request("GET", f"/api/v2/dags/{dag_id}")
+        return True
+    except OSError:
+        return False
+
+
 def wait_for(condition, what: str, timeout_s: float = 180, poll_s: float = 0.5):
     """``condition()``'s first truthy value; fails naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.services import airflow_deployment, wait_for
+from tests.services import airflow_deployment, dag_parsed, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +47,7 @@ def _train_state(api, run_id: str) -> str | None:
 def test_a_run_is_admitted_by_its_own_ranks(deployment, demo_parquet):
     api, scheduler_log = deployment
     api.request("POST", "/api/v2/pools", {"name": "gpu", "slots": 3})
-    wait_for(lambda: _parsed(api), "the dag-processor to parse the DAG")
+    wait_for(lambda: dag_parsed(api, DAG_ID), "the dag-processor to parse the DAG")
     conf = {"variant": "tiny", "input_path": str(demo_parquet)}
     big = api.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
                       {"logical_date": None, "conf": {**conf, "nproc_per_node": 4}})["dag_run_id"]
@@ -68,11 +68,3 @@ def test_a_run_is_admitted_by_its_own_ranks(deployment, demo_parquet):
     wait_for(lambda: _train_state(api, big) in ("queued", "running"), "the 4-rank train to be admitted", timeout_s=120)
     api.request("PATCH", f"/api/v2/dags/{DAG_ID}/dagRuns/{big}/taskInstances/train", {"new_state": "failed"})
     assert _train(api, big)["pool_slots"] == 4
-
-
-def _parsed(api) -> bool:
-    try:
-        api.request("GET", f"/api/v2/dags/{DAG_ID}")
-        return True
-    except OSError:
-        return False

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.stages.run import RunInfo
 from tests.faults import sigkill_rank, when_checkpoint
-from tests.services import MlflowServer, PostgresDatabase, airflow_deployment, wait_for
+from tests.services import MlflowServer, PostgresDatabase, airflow_deployment, dag_parsed, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +60,7 @@ def test_a_sweep_refuses_bad_spaces_prunes_retries_releases_the_best_and_reuses_
 
     api = deployment
     api.request("POST", "/api/v2/pools", {"name": "gpu", "slots": 4})
-    wait_for(lambda: _parsed(api), "the dag-processor to parse the sweep DAG", timeout_s=240)
+    wait_for(lambda: dag_parsed(api, DAG_ID), "the dag-processor to parse the sweep DAG", timeout_s=240)
     # A search space naming an unknown field or a bound the field refuses: the API answers 400, no run exists.
     for space, named in (({"train.learnig_rate": {"low": 1e-4, "high": 1e-2}}, "learnig_rate"),
                          ({"train.learning_rate": {"low": 1e-4, "high": 2.0}}, "2.0")):  # above its maximum, 1.0
@@ -134,14 +134,6 @@ def test_a_sweep_refuses_bad_spaces_prunes_retries_releases_the_best_and_reuses_
     assert {slot: (run.job_dir("train", slot) / "attempts.jsonl").read_text() for slot in range(4)} == attempts
     assert len(optuna.load_study(study_name=run.key, storage=storage()).trials) == 4
     assert len(mlflow.search_model_versions(f"name = '{model}'")) == 1
-
-
-def _parsed(api) -> bool:
-    try:
-        api.request("GET", f"/api/v2/dags/{DAG_ID}")
-        return True
-    except OSError:
-        return False
 
 
 def _run_state(api, run_id: str) -> str | None:
