@@ -61,7 +61,9 @@ def plan_sweep(cfg: PipelineConfig, run: RunInfo, sweep: Sweep) -> list[int]:
         tags = run.tags() | {"config.digest": cfg.digest(), "code.version": tracking.code_version(),
                              "pipeline.recipe": cfg.RECIPE, "sweep": "parent", "sweep.study": run.key}
         parent = tracking.ensure_run(cfg.registry.experiment, run.key, tags)
-        tracking.log_params_once(parent, cfg.as_params() | sweep_params(sweep))
+        searched = {d.field for d in sweep.space.dimensions}  # each trial's own, on its child run
+        tracking.log_params_once(parent, {k: v for k, v in cfg.as_params().items() if k not in searched}
+                                 | sweep_params(sweep))
     study.set_user_attr(PARENT_RUN, parent)
     log.info("sweep %s: %d trials of %s %s, pruner %s; MLflow parent run %s", run.key, sweep.config.n_trials,
              sweep.direction, sweep.config.objective, sweep.config.pruner, parent)
@@ -73,7 +75,11 @@ def start_trial(base: PipelineConfig, run: RunInfo, sweep: Sweep, slot: int) -> 
     with the trial's params."""
     study = sweep.load_study(run.key)
     trial = sweep.trial_for(study, slot)
-    cfg = base.with_overrides(sweep.space.overrides(trial.params))
+    try:
+        cfg = base.with_overrides(sweep.space.overrides(trial.params))
+    except ConfigError as exc:  # params each field accepts, together a config it does not
+        trial.set_user_attr(ERROR, f"ConfigError: {exc}"[:2000])
+        raise
     log.info("trial %d (slot %d) %s: %s", trial.number, slot,
              getattr(getattr(trial, "state", None), "name", "RUNNING").lower(), json.dumps(trial.params))
     return SlotTrial(sweep, study, slot, trial, cfg)
