@@ -151,7 +151,21 @@ def log_dataset_input(run_id: str, *, name: str, digest: str, source_uri: str, p
         return
     dataset = Dataset(name=name, digest=digest, source_type="local" if source_uri.startswith("file:") else "uri",
                       source=json.dumps({"uri": source_uri}), profile=json.dumps(profile))
-    mlflow_client.log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])])
+    inputs = [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "training")])]
+    try:
+        mlflow_client.log_inputs(run_id, datasets=inputs)
+    except Exception as exc:
+        # Runs of one experiment logging the same dataset at once (a sweep's trials): the store inserts the
+        # experiment's dataset row once, and the loser's insert breaks its unique key. Again, it finds the row.
+        if not _duplicate_key(exc):
+            raise
+        log.info("dataset %s@%s was being recorded by another run of the experiment; linking it again", name, digest)
+        mlflow_client.log_inputs(run_id, datasets=inputs)
+
+
+def _duplicate_key(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in ("UniqueViolation", "UNIQUE constraint failed", "duplicate key value"))
 
 
 def code_version() -> str:

@@ -73,9 +73,10 @@ def test_a_sweep_refuses_bad_spaces_prunes_retries_releases_the_best_and_reuses_
             "overrides": {"registry.experiment": model, "train.checkpoint_every_steps": 10},
             "n_trials": 4, "prune_after_trials": 1, "prune_after_epochs": 0,
             "search_space": {"train.learning_rate": {"low": BAD_LR, "high": 3e-2, "log": True}},
-            # Two good points first (equal: neither is pruned against the other), the bad one once one finished.
+            # Equal good points first (none is pruned against another), the bad one last: with 2 at a time and the
+            # killed slot's place taken by the third, the fourth is asked only once a trial has finished.
             "enqueue": [{"train.learning_rate": 0.01}, {"train.learning_rate": 0.01},
-                        {"train.learning_rate": BAD_LR}, {"train.learning_rate": 0.01}]}
+                        {"train.learning_rate": 0.01}, {"train.learning_rate": BAD_LR}]}
     run_id = api.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
     run = RunInfo(DAG_ID, run_id)
 

@@ -106,3 +106,31 @@ def test_a_model_that_fails_on_its_input_example_is_not_registered(tmp_path, mon
     with pytest.raises(UserError, match=r"model broken \(pyfunc\) failed on its input example"):
         models.log_and_register(run_id=run_id, model_name="broken", run_key="broken/run-1", package=package, tags={})
     assert tracking.client().search_model_versions("name = 'broken'") == []
+
+
+def test_runs_of_one_experiment_record_the_same_dataset_at_once(tracking_uri):
+    """A sweep's trials start side by side, each run recording the one dataset version: the store inserts the
+    experiment's dataset row once, and a run that loses that race must still get its input."""
+    from pipeline.registry import tracking
+
+    for round_ in range(3):
+        runs = [tracking.ensure_run("concurrent_inputs", f"inputs/{round_}/{i}", {}) for i in range(ATTEMPTS)]
+        start, errors = threading.Barrier(ATTEMPTS), []
+
+        def record(run_id: str) -> None:
+            start.wait()
+            try:
+                tracking.log_dataset_input(run_id, name="tabular_mlp", digest=f"digest-{round_}",
+                                           source_uri="file:///data/tabular_mlp/v", profile={"rows": 10})
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=record, args=(run_id,)) for run_id in runs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        for run_id in runs:
+            (recorded,) = tracking.client().get_run(run_id).inputs.dataset_inputs
+            assert recorded.dataset.digest == f"digest-{round_}"
