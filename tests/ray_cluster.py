@@ -52,7 +52,9 @@ def alive_nodes(address: str) -> int:
     return sum(1 for node in list_nodes(address=address) if node.state == "ALIVE")
 
 
-def wait_for_nodes(address: str, count: int, timeout_s: float = 120) -> None:
+def wait_for_nodes(address: str, count: int, timeout_s: float = 300) -> None:
+    """Until ``count`` nodes are alive. A worker node joining from its network namespace took over 120 s once, in a
+    full ``make test`` whose other lane ran a sweep's deployment beside it (it joins in seconds on an idle machine)."""
     deadline = time.monotonic() + timeout_s
     while alive_nodes(address) < count:
         if time.monotonic() > deadline:
