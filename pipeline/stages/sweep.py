@@ -78,7 +78,7 @@ def start_trial(base: PipelineConfig, run: RunInfo, sweep: Sweep, slot: int) -> 
     try:
         cfg = base.with_overrides(sweep.space.overrides(trial.params))
     except ConfigError as exc:  # params each field accepts, together a config it does not
-        trial.set_user_attr(ERROR, f"ConfigError: {exc}"[:2000])
+        _record_error(trial, exc)
         raise
     log.info("trial %d (slot %d) %s: %s", trial.number, slot,
              getattr(getattr(trial, "state", None), "name", "RUNNING").lower(), json.dumps(trial.params))
@@ -121,8 +121,11 @@ def trial_pruned(slot: SlotTrial, spec, reason: str) -> dict[str, Any]:
 
 def trial_failed(slot: SlotTrial, error: BaseException) -> None:
     """Note what the trial failed on (``best_trial`` lists it; the study marks it failed once its task is done)."""
-    cause = error.__cause__ or error  # the user error under the task's AirflowFailException
-    slot.trial.set_user_attr(ERROR, f"{type(cause).__name__}: {cause}"[:2000])
+    _record_error(slot.trial, error.__cause__ or error)  # the user error under the task's AirflowFailException
+
+
+def _record_error(trial, error: BaseException) -> None:
+    trial.set_user_attr(ERROR, f"{type(error).__name__}: {error}"[:2000])
 
 
 def best_trial(cfg: PipelineConfig, run: RunInfo, sweep: Sweep) -> dict[str, Any]:

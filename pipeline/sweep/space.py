@@ -41,18 +41,9 @@ class Dimension:
     step: float | None = None
     choices: tuple[Any, ...] = ()
 
-    def distribution(self):
-        """This dimension as an Optuna distribution (list choices travel as JSON text: Optuna's choices are scalars)."""
-        import optuna.distributions as d
-
-        if self.choices:
-            return d.CategoricalDistribution([_encode(c) for c in self.choices])
-        if self.kind is int:
-            return d.IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
-        return d.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
-
     def suggest(self, trial) -> Any:
-        """Ask ``trial`` (an ``optuna.Trial``) for this field's value, through Optuna's public suggest API."""
+        """Ask ``trial`` (an ``optuna.Trial``) for this field's value, through Optuna's public suggest API (list choices
+        travel as JSON text: Optuna's choices are scalars)."""
         if self.choices:
             return trial.suggest_categorical(self.field, [_encode(c) for c in self.choices])
         if self.kind is int:
@@ -77,9 +68,6 @@ class SearchSpace:
                               f'ranges or choices, e.g. {{"train.learning_rate": {{"low": 1e-4, "high": 1e-2, "log": true}}}}')
         searchable = searchable_fields(base)
         return cls(tuple(_dimension(f"{where}[{name!r}]", name, spec, base, searchable) for name, spec in raw.items()))
-
-    def distributions(self) -> dict[str, Any]:
-        return {d.field: d.distribution() for d in self.dimensions}
 
     def overrides(self, sampled: dict[str, Any]) -> dict[str, Any]:
         """The dotted config overrides of a trial's sampled params."""

@@ -24,7 +24,11 @@ def test_ranges_and_choices_become_typed_dimensions_and_overrides():
     assert (batch.kind, batch.low, batch.high, batch.step) == (int, 32, 256, 32)
     assert hidden.choices == ([64, 32], [128, 64])
     # Optuna's choices are scalars: a list choice travels as JSON text and comes back as the list.
-    assert hidden.distribution().choices == ("[64, 32]", "[128, 64]")
+    import optuna
+
+    trial = optuna.create_study().ask()
+    assert hidden.suggest(trial) in ("[64, 32]", "[128, 64]") and 32 <= batch.suggest(trial) <= 256
+    assert trial.distributions["model.hidden_sizes"].choices == ("[64, 32]", "[128, 64]")
     overrides = space.overrides({"train.learning_rate": 0.003, "train.batch_size": 64, "model.hidden_sizes": "[128, 64]"})
     assert overrides == {"train.learning_rate": 0.003, "train.batch_size": 64, "model.hidden_sizes": [128, 64]}
     assert BASE.with_overrides(overrides).model.hidden_sizes == [128, 64]
