@@ -13,9 +13,24 @@ def home() -> Path:
     return Path(os.environ.get("PIPELINE_HOME", PROJECT_ROOT / "var")).resolve()
 
 
-def data_dir() -> Path:
-    """Published MDS datasets (``PIPELINE_DATA_DIR``, default ``$PIPELINE_HOME/data``)."""
-    return Path(os.environ.get("PIPELINE_DATA_DIR", home() / "data")).resolve()
+def data_root() -> str:
+    """Where MDS dataset versions are published (``PIPELINE_DATA_DIR``, default ``$PIPELINE_HOME/data``): a folder
+    (an absolute path), or an object-store prefix such as ``s3://bucket/prefix`` (``pipeline.storage``)."""
+    from pipeline import storage
+
+    value = os.environ.get("PIPELINE_DATA_DIR")
+    if value and storage.is_remote(value):
+        return value.rstrip("/")
+    return str(Path(value or home() / "data").resolve())
+
+
+def raw_dir() -> Path:
+    """Where the demos write their raw inputs: ``$PIPELINE_DATA_DIR/raw`` when it is a folder, else (versions on an
+    object store) ``$PIPELINE_HOME/raw``."""
+    from pipeline import storage
+
+    root = data_root()
+    return home() / "raw" if storage.is_remote(root) else Path(root) / "raw"
 
 
 def runs_dir() -> Path:
@@ -137,5 +152,8 @@ def apply_airflow_env(airflow_home: Path | None = None) -> dict[str, str]:
 
 
 def dataset_uri(name: str) -> str:
-    """The URI of a dataset's Airflow Asset: the folder its versions are published under."""
-    return (data_dir() / name).as_uri()
+    """The URI of a dataset's Airflow Asset: the folder (or object-store prefix) its versions are published under."""
+    from pipeline import storage
+
+    root = data_root()
+    return storage.join(root, name) if storage.is_remote(root) else (Path(root) / name).as_uri()

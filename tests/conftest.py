@@ -13,7 +13,8 @@ import pytest
 _HOME = Path(tempfile.mkdtemp(prefix="pipeline-tests-"))
 os.environ["PIPELINE_HOME"] = str(_HOME)
 for key in ("PIPELINE_DATA_DIR", "PIPELINE_RUNS_DIR", "PIPELINE_MLFLOW_ARTIFACTS", "MLFLOW_TRACKING_URI", "AIRFLOW_HOME",
-            "PIPELINE_SWEEP_DB"):
+            "PIPELINE_SWEEP_DB", "PIPELINE_STAGING_DIR", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+            "AWS_PROFILE"):
     os.environ.pop(key, None)
 for key in [k for k in os.environ if k.startswith("AIRFLOW__")]:
     os.environ.pop(key)
@@ -43,6 +44,28 @@ def airflow_db(pipeline_home: Path) -> Path:
 
     migrate_airflow_db()
     return pipeline_home / "airflow" / "airflow.db"
+
+
+@pytest.fixture(scope="session")
+def s3_server(pipeline_home: Path):
+    """One S3 API server for the session (``tests.services.S3Server``)."""
+    from tests.services import S3Server
+
+    server = S3Server(pipeline_home / "logs")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch) -> str:
+    """A new, empty bucket on the session's S3 server, and this process's environment (inherited by the ranks it
+    starts) pointed at it: the bucket's URI."""
+    import uuid
+
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    return s3_server.bucket(f"test-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture(autouse=True, scope="module")

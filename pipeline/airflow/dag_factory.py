@@ -53,7 +53,7 @@ def prepare_data(recipe):
 
     @task(task_id="prepare_data", outlets=[dataset])
     def prepare(*, triggering_asset_events=None, outlet_events=None) -> dict:
-        window = windows.triggering_window(triggering_asset_events, deployment.data_dir())
+        window = windows.triggering_window(triggering_asset_events, deployment.data_root())
         prepared = run_stage(stages.prepare_data, recipe.config_from_params, window)
         outlet_events[dataset].extra = windows.asset_extra(prepared)
         return prepared

@@ -27,6 +27,14 @@ def local_path(uri: str) -> Path:
     return Path(unquote(parts.path))
 
 
+def version_location(uri: str) -> Path | str:
+    """Where a published version's files are read: the local path of a ``file:`` URI or a path, or the object-store
+    URI as it is (``pipeline.storage``)."""
+    from pipeline import storage
+
+    return str(uri).rstrip("/") if storage.is_remote(uri) else local_path(str(uri))
+
+
 
 def open_uri(uri: str, compression: str | None = "infer"):
     """A binary file object for reading a path or fsspec URI (gzip and other compressions undone unless

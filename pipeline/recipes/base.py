@@ -58,7 +58,7 @@ class Recipe:
     def demo_input_path(self) -> str:
         from pipeline import deployment
 
-        return str(deployment.data_dir() / "raw" / self.demo_path)
+        return str(deployment.raw_dir() / self.demo_path)
 
     def demo_input(self) -> str:
         """The demo's input, written first when it is not there yet."""

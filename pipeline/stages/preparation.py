@@ -20,14 +20,14 @@ def prepare_data(cfg: PipelineConfig, run: RunInfo, window: dict[str, str] | Non
     from pipeline.data.versions import windows
 
     if window:
-        dataset = windows.resolve(deployment.data_dir(), window["dataset"], window["end"], cfg.data.window_intervals)
+        dataset = windows.resolve(deployment.data_root(), window["dataset"], window["end"], cfg.data.window_intervals)
         log.info("training on the window %s of %s: versions %s", dataset.interval, window["dataset"],
                  list(dataset.versions))
         return dataset
     from pipeline.data.prepare.version import prepare
 
     clock = Stopwatch()
-    manifest = prepare(cfg.data, name=cfg.RECIPE, out_root=deployment.data_dir())
+    manifest = prepare(cfg.data, name=cfg.RECIPE, out_root=deployment.data_root())
     return windows.summary(manifest, clock.total())
 
 
@@ -41,6 +41,6 @@ def prepare_interval(cfg: PipelineConfig, run: RunInfo, name: str) -> PreparedDa
         raise ConfigError(f"DAG run {run.run_id} has no data interval: a per-interval dataset needs a scheduled "
                           f"run (or a backfill) of a DAG with a timetable")
     clock = Stopwatch()
-    manifest = prepare(cfg.data, name=name, out_root=deployment.data_dir(),
+    manifest = prepare(cfg.data, name=name, out_root=deployment.data_root(),
                        interval=(run.data_interval_start, run.data_interval_end))
     return windows.summary(manifest, clock.total())

@@ -2,6 +2,7 @@
 as asset events with metadata; the training DAG is scheduled on that asset and reads the window."""
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_a_backfill_of_three_days_gives_three_versions_and_asset_events(airflow_
     runs = [_run(day, conf) for day in DAYS]
     assert [str(getattr(r.state, "value", r.state)) for r in runs] == ["success"] * 3
 
-    published = windows.published(deployment.data_dir() / "tabular_mlp_daily")
+    published = windows.published(Path(deployment.data_root()) / "tabular_mlp_daily")
     assert sorted(m["interval"]["start"][:10] for m in published) == DAYS
     assert len({m["version"] for m in published}) == 3
     assert all(sum(m["splits"].values()) == 400 for m in published)
@@ -56,10 +57,10 @@ def test_a_backfill_of_three_days_gives_three_versions_and_asset_events(airflow_
     # Again for the same day: the version is found, not rebuilt, and the event says so.
     again = _run(DAYS[0], conf)
     assert str(getattr(again.state, "value", again.state)) == "success"
-    assert len(windows.published(deployment.data_dir() / "tabular_mlp_daily")) == 3
+    assert len(windows.published(Path(deployment.data_root()) / "tabular_mlp_daily")) == 3
 
     # What an asset-triggered training run reads: the newest two days, as one window.
-    window = windows.resolve(deployment.data_dir(), "tabular_mlp_daily", extras[-1]["interval_end"], 2)
+    window = windows.resolve(deployment.data_root(), "tabular_mlp_daily", extras[-1]["interval_end"], 2)
     assert list(window.versions) == [x["version"] for x in extras[-3:][1:]]
     assert sum(window.rows.values()) == 800
 

@@ -50,7 +50,7 @@ def test_training_registration_and_evaluation_read_the_whole_window(pipeline_hom
     model_dir = Path(mlflow.artifacts.download_artifacts(f"models:/window_mlp/{registered.version}"))
     carried = json.loads(next(model_dir.rglob("preprocessing.json")).read_text())
     for day in daily[1:]:
-        one_day = json.loads((deployment.data_dir() / "window_daily" / day.version / "preprocessing.json").read_text())
+        one_day = json.loads((Path(deployment.data_root()) / "window_daily" / day.version / "preprocessing.json").read_text())
         for column, vocab in one_day["vocab"].items():
             assert set(vocab) <= set(carried["vocab"][column])
 

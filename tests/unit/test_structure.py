@@ -71,7 +71,7 @@ def _modules() -> dict[str, Path]:
 # module) and from units on lower layers. Nothing on a layer knows what stands above it.
 LAYERS = [
     ["pipeline.errors"],
-    ["pipeline.node_usage"],  # a node's utilisation, sampled in its heartbeat
+    ["pipeline.node_usage", "pipeline.storage"],  # a node's utilisation; files on a folder or an object store
     ["pipeline.deployment", "pipeline.process_table", "pipeline.fast_exit", "pipeline.network", "pipeline.stopwatch",
      "pipeline.diskspace", "pipeline.config_fields", "pipeline.results", "pipeline.job_files"],  # job folder contract
     ["pipeline.launch_config"],  # where a run trains: the config's launch section

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pipeline import storage
 from pipeline.config import DataConfig
 from pipeline.data.prepare import mds_writer, splits
 from pipeline.data.prepare.plan import Plan, SourceFile
@@ -104,15 +105,17 @@ def publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def reusable(final: Path) -> dict[str, Any] | None:
-    """The manifest of the version published at ``final`` when its files are intact, else None: a damaged
-    version (a file or the manifest itself not what was published) is moved aside to be published again."""
+def reusable(final: Path | str) -> dict[str, Any] | None:
+    """The manifest of the version published at ``final`` (a folder or an object-store URI) when its files are
+    intact, else None: a damaged version (a file or the manifest itself not what was published) is moved aside to
+    be published again."""
     try:
         manifest = read_manifest(final)
     except FileNotFoundError:
         return None
     except ValueError:  # the manifest itself is damaged
-        log.warning("%s is not readable JSON: moving the version aside to publish it again", final / MANIFEST)
+        log.warning("%s is not readable JSON: moving the version aside to publish it again",
+                    storage.join(final, MANIFEST))
         integrity.move_aside(final)
         return None
     return None if integrity.set_aside_if_damaged(final, manifest) else manifest
@@ -152,7 +155,7 @@ def content_version(described: list[dict[str, Any]], cfg: DataConfig, fmt: str, 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, tmp: Path,
+def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, uri: str, tmp: Path,
              described: list[dict[str, Any]], results: list[dict[str, Any]], interval, started: float,
              timings: dict[str, float], *, workers: int) -> dict[str, Any]:
     """Merge the workers' parts, statistics and quarantines; check the whole; write the manifest last."""
@@ -200,7 +203,7 @@ def assemble(cfg: DataConfig, plan: Plan, name: str, version: str, final: Path, 
         "format_version": FORMAT_VERSION,
         "name": name,
         "version": version,
-        "uri": final.as_uri(),
+        "uri": uri,
         "created_at": datetime.now(timezone.utc).isoformat(),
         "interval": {"start": interval[0], "end": interval[1]} if interval else None,
         "sources": described,

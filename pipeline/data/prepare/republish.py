@@ -33,12 +33,18 @@ def data_config(manifest: dict[str, Any]) -> DataConfig:
     return build(cls, manifest["config"], prefix="data.")
 
 
-def republish(dataset_dir: Path) -> dict[str, Any]:
-    """Check the version at ``dataset_dir``; when damaged, publish it again from its source. Returns the
-    version's manifest (``skipped`` when it was intact)."""
+def republish(dataset_dir: Path | str) -> dict[str, Any]:
+    """Check the version at ``dataset_dir`` (a folder or an object-store URI); when damaged, publish it again from
+    its source. Returns the version's manifest (``skipped`` when it was intact)."""
+    from pipeline import storage
     from pipeline.data.prepare.version import prepare
 
-    dataset_dir = Path(dataset_dir).resolve()
+    if storage.is_remote(dataset_dir):
+        dataset_dir = str(dataset_dir).rstrip("/")
+        out_root = dataset_dir.rsplit("/", 2)[0]
+    else:
+        dataset_dir = Path(dataset_dir).resolve()
+        out_root = dataset_dir.parent.parent
     try:
         manifest = read_manifest(dataset_dir)
     except FileNotFoundError:
@@ -49,7 +55,7 @@ def republish(dataset_dir: Path) -> dict[str, Any]:
     log.warning("%s: publishing it again from its source", integrity.describe_damage(dataset_dir, manifest, damage))
     interval = manifest.get("interval")
     try:
-        made = prepare(data_config(manifest), name=manifest["name"], out_root=dataset_dir.parent.parent,
+        made = prepare(data_config(manifest), name=manifest["name"], out_root=out_root,
                        interval=(interval["start"], interval["end"]) if interval else None)
     except UserError as exc:
         raise DataError(f"{dataset_dir} cannot be published again from its source: {exc}. Restore the version's "
@@ -64,7 +70,7 @@ def republish(dataset_dir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.data.prepare.republish", description=__doc__.splitlines()[0])
-    parser.add_argument("dataset_dir", type=Path, help="the version's folder: DATA_DIR/NAME/VERSION")
+    parser.add_argument("dataset_dir", help="the version's folder or URI: DATA_DIR/NAME/VERSION")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:

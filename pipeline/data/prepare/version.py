@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline import storage
 from pipeline.config import DataConfig
-from pipeline.data.prepare import convert, idx, publish, sources
+from pipeline.data.prepare import convert, idx, publish, publish_remote, sources
 from pipeline.data.prepare import transform as row_transform
 from pipeline.data.prepare.schema import infer_plan
 from pipeline.diskspace import space_checked
@@ -28,9 +29,10 @@ from pipeline.diskspace import space_checked
 log = logging.getLogger(__name__)
 
 
-def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, str] | None = None) -> dict[str, Any]:
+def prepare(cfg: DataConfig, *, name: str, out_root: Path | str, interval: tuple[str, str] | None = None) -> dict[str, Any]:
     """Publish the dataset version of ``cfg`` (and of ``interval``'s partitions) under
-    ``out_root/name/VERSION`` and return its manifest, with ``skipped: true`` when it already was."""
+    ``out_root/name/VERSION`` (a folder, or an object-store URI: ``publish_remote``) and return its manifest, with
+    ``skipped: true`` when it already was."""
     started = time.perf_counter()
     inp = sources.open_input(cfg.input_path, cfg.format)
     if interval:
@@ -40,32 +42,55 @@ def prepare(cfg: DataConfig, *, name: str, out_root: Path, interval: tuple[str, 
     timings = {"digest": time.perf_counter() - started}
     version = publish.content_version(described, cfg, inp.fmt, interval,
                                       transform_files=row_transform.files_digest(transform) if transform else None)
-    final = Path(out_root) / name / version
-    published = publish.reusable(final)
-    if published is not None:
-        log.info("dataset %s version %s already published at %s, its files intact: skipping", name, version, final)
-        return {**published, "skipped": True}
-
-    units = sources.plan_units(inp, unit_bytes=cfg.unit_bytes)
-    plan = infer_plan(inp, units, cfg, transform)
-    workers = convert.plan_workers(units, inp.fmt, cfg.workers)
-    tmp = publish.temporary_folder(final)
-    try:
-        with space_checked(tmp, None):  # shards name the bytes they needed; the other writes are small
-            if inp.fmt == "idx":
-                units = idx.stage(units, tmp / "_staged")
-            timings["plan"] = time.perf_counter() - started - timings["digest"]
-            results = convert.convert(plan, units, tmp, workers=workers)
-            timings["convert"] = time.perf_counter() - started - timings["digest"] - timings["plan"]
-            shutil.rmtree(tmp / "_staged", ignore_errors=True)
-            if transform:
-                row_transform.copy_files(transform, tmp)
-            manifest = publish.assemble(cfg, plan, name, version, final, tmp, described, results, interval,
-                                        started, timings, workers=workers)
+    if storage.is_remote(out_root):
+        final = storage.join(out_root, name, version)
+        with publish_remote.writing(final, publish.reusable) as (lease, published):
+            if lease is None:
+                return _skipped(name, version, final, published)
+            staged = publish_remote.staging_folder(name, version)
+            try:
+                manifest = _write(cfg, inp, transform, name, version, final, staged, described, interval, started,
+                                  timings)
+                publish_remote.upload(staged, final, lease)
+            finally:
+                publish_remote.discard(staged)
+    else:
+        final = Path(out_root) / name / version
+        published = publish.reusable(final)
+        if published is not None:
+            return _skipped(name, version, final, published)
+        tmp = publish.temporary_folder(final)
+        try:
+            manifest = _write(cfg, inp, transform, name, version, final.as_uri(), tmp, described, interval, started,
+                              timings)
             publish.publish(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     log.info("published dataset %s version %s: rows %s, %d bad row(s), %.1f s, %d worker(s)", name, version,
              manifest["splits"], manifest["bad_rows"]["count"], manifest["prep_wall_s"], manifest["workers"])
     return {**manifest, "skipped": False}
+
+
+def _skipped(name: str, version: str, final, published: dict[str, Any]) -> dict[str, Any]:
+    log.info("dataset %s version %s already published at %s, its files intact: skipping", name, version, final)
+    return {**published, "skipped": True}
+
+
+def _write(cfg: DataConfig, inp, transform, name: str, version: str, uri: str, tmp: Path, described, interval,
+           started: float, timings: dict[str, float]) -> dict[str, Any]:
+    """Convert the input into the version's files in ``tmp``, the manifest (naming ``uri``) last."""
+    units = sources.plan_units(inp, unit_bytes=cfg.unit_bytes)
+    plan = infer_plan(inp, units, cfg, transform)
+    workers = convert.plan_workers(units, inp.fmt, cfg.workers)
+    with space_checked(tmp, None):  # shards name the bytes they needed; the other writes are small
+        if inp.fmt == "idx":
+            units = idx.stage(units, tmp / "_staged")
+        timings["plan"] = time.perf_counter() - started - timings["digest"]
+        results = convert.convert(plan, units, tmp, workers=workers)
+        timings["convert"] = time.perf_counter() - started - timings["digest"] - timings["plan"]
+        shutil.rmtree(tmp / "_staged", ignore_errors=True)
+        if transform:
+            row_transform.copy_files(transform, tmp)
+        return publish.assemble(cfg, plan, name, version, uri, tmp, described, results, interval, started, timings,
+                                workers=workers)

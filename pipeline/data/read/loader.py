@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 from torch.utils.data import IterableDataset
 
+from pipeline import storage
 from pipeline.data.read.shards import Layout, ShardReader, concat
 from pipeline.data.versions import integrity
 from pipeline.errors import DataError
@@ -44,16 +45,17 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Source:
-    """One dataset version's split: where its files are, what its manifest vouches for, where they are cached."""
+    """One dataset version's split: where its files are (a folder, or an object-store URI that streaming's
+    downloader reads), what its manifest vouches for, where they are cached on this node."""
 
-    dataset_dir: Path
+    dataset_dir: Path | str
     manifest: dict[str, Any]
     split: str
     cache_dir: Path
 
     @property
-    def remote(self) -> Path:
-        return self.dataset_dir / self.split
+    def remote(self) -> str:
+        return storage.join(self.dataset_dir, self.split)
 
     def describe(self, basename: str) -> str:
         return (f"dataset {self.manifest['name']} version {self.manifest['version']}, split {self.split}, "
@@ -73,7 +75,7 @@ class Shards:
         for k, source in enumerate(sources):
             entries = _verified_index(source)
             algo = _hash_of(entries)
-            stream = Stream(remote=str(source.remote), local=str(source.cache_dir), download_retry=2,
+            stream = Stream(remote=source.remote, local=str(source.cache_dir), download_retry=2,
                             download_timeout=600, validate_hash=algo, keep_zip=False)
             self.streams.append(stream)
             for entry in entries:
@@ -135,7 +137,7 @@ class Shards:
                 (source.cache_dir / info.basename).unlink(missing_ok=True)
         basename = (reader.zip_data or reader.raw_data).basename
         entry = integrity.expected_files(source.manifest, source.split).get(basename)
-        damage = integrity.check_file(source.remote / basename, entry, source.split) if entry else None
+        damage = integrity.check_file(storage.join(source.remote, basename), entry, source.split) if entry else None
         if damage is None:  # the version's file is sound: its copy in the cache was not
             damage = integrity.Damage(source.split, basename, "the index's hash", f"a copy that did not match ({error})")
         return integrity.damaged_error(source.dataset_dir, source.manifest, [damage])
@@ -336,12 +338,16 @@ def _produce(source: Iterator[Any], items: queue.Queue, stop: threading.Event) -
 
 def _verified_index(source: Source) -> list[dict[str, Any]]:
     """The split's shard entries from its ``index.json``, whose digest the manifest vouches for."""
-    path = source.remote / integrity.INDEX
     entry = integrity.expected_files(source.manifest, source.split).get(integrity.INDEX)
-    damage = integrity.check_file(path, entry, source.split) if entry else None
+    try:
+        data = storage.read_bytes(storage.join(source.remote, integrity.INDEX))  # read once, checked, then parsed
+    except FileNotFoundError:
+        raise integrity.damaged_error(source.dataset_dir, source.manifest,
+                                      [integrity.Damage(source.split, integrity.INDEX, "the file", "missing")]) from None
+    damage = integrity.check_bytes(data, entry, source.split) if entry else None
     if damage is not None:
         raise integrity.damaged_error(source.dataset_dir, source.manifest, [damage])
-    return json.loads(path.read_text())["shards"]
+    return json.loads(data)["shards"]
 
 
 def _hash_of(entries: list[dict[str, Any]]) -> str | None:

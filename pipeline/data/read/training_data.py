@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.data import local_path
+from pipeline.data import version_location
 from pipeline.data.read.loader import BatchLoader, Shards, Source
 from pipeline.data.read.tabular import Encoder, feature_frame
 from pipeline.data.versions.manifest import read_manifest, read_stats
@@ -26,7 +26,7 @@ from pipeline.errors import DataError
 class TrainingData:
     """The dataset versions a training run reads, with the encoding the model is built for."""
 
-    dirs: list[Path]
+    dirs: list[Path | str]  # each version's folder, or its object-store URI
     manifests: list[dict[str, Any]]
     preprocessing: dict[str, Any]
     cache_dir: Path
@@ -38,7 +38,7 @@ class TrainingData:
             datasets = [str(datasets)]
         if not datasets:
             raise DataError("no dataset versions to read: expected at least one dataset URI")
-        dirs = [local_path(str(uri)) for uri in datasets]
+        dirs = [version_location(str(uri)) for uri in datasets]
         manifests = []
         for d in dirs:
             try:

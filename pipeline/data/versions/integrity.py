@@ -10,6 +10,12 @@ reading it (a few percent of preparing it).
 A damaged version is never repaired in place: it is moved aside to ``NAME/.damaged-VERSION-TIME/``
 (readers skip folders that start with a dot; a run that has its files open keeps reading them) and
 published again from its source (``republish``), or, when the source is gone, the error says so.
+
+A version on an object store (``pipeline.storage``) is checked without downloading its shards: one listing gives
+every file's size, and each split's index (a few KB, whose entries carry every shard's digest) is read and
+checked against the manifest; the shards' digests are checked by each reader as they land in its cache. A damaged
+one cannot be renamed there: its manifest is copied to ``manifest.damaged-TIME.json`` and removed, so no reader
+sees the version until it is published again.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pipeline import storage
 from pipeline.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -83,9 +90,16 @@ class Damage:
         return f"split {self.split}, file {self.basename}: {self.found}, the manifest says {self.expected}"
 
 
-def check_file(path: Path, entry: dict[str, Any], split: str) -> Damage | None:
-    """``path`` against its manifest entry (size first, then digest): None when it matches."""
-    basename = entry["basename"] if "basename" in entry else path.name
+def check_file(path: Path | str, entry: dict[str, Any], split: str) -> Damage | None:
+    """``path`` (a local path, or an object-store URI: read whole) against its manifest entry (size first, then
+    digest): None when it matches."""
+    basename = entry["basename"] if "basename" in entry else Path(str(path)).name
+    if storage.is_remote(path):
+        try:
+            data = storage.read_bytes(path)
+        except FileNotFoundError:
+            return Damage(split, basename, "the file", "missing")
+        return check_bytes(data, entry, split)
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
@@ -95,22 +109,55 @@ def check_file(path: Path, entry: dict[str, Any], split: str) -> Damage | None:
     algorithm = next((a for a in (ALGORITHM, *_OLDER) if a in entry), None)
     if algorithm is None:
         return None  # nothing recorded to check against (no version of this project writes such entries)
-    found = digest_file(path, algorithm)
+    return _digest_damage(digest_file(path, algorithm), algorithm, entry, split, basename)
+
+
+def check_bytes(data: bytes, entry: dict[str, Any], split: str) -> Damage | None:
+    """A file's bytes against its manifest entry: None when they match."""
+    basename = entry["basename"]
+    if "bytes" in entry and len(data) != entry["bytes"]:
+        return Damage(split, basename, f"{entry['bytes']} bytes", f"{len(data)} bytes")
+    algorithm = next((a for a in (ALGORITHM, *_OLDER) if a in entry), None)
+    return _digest_damage(digest_bytes(data, algorithm), algorithm, entry, split, basename) if algorithm else None
+
+
+def _digest_damage(found: str, algorithm: str, entry: dict[str, Any], split: str, basename: str) -> Damage | None:
     if found != entry[algorithm]:
         return Damage(split, basename, f"{algorithm} {entry[algorithm]}", f"{algorithm} {found}")
     return None
 
 
-def check_version(dataset_dir: Path, manifest: dict[str, Any]) -> list[Damage]:
-    """Every file of a published version that is missing, of the wrong size or of the wrong digest."""
+def check_version(dataset_dir: Path | str, manifest: dict[str, Any]) -> list[Damage]:
+    """Every file of a published version that is missing, of the wrong size or of the wrong digest (on an object
+    store: of the wrong size, and each split's index of the wrong digest)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    if storage.is_remote(dataset_dir):
+        return _check_remote(str(dataset_dir), manifest)
     files = [(Path(dataset_dir) / split / basename, entry, split)
              for split in manifest["shards"] for basename, entry in expected_files(manifest, split).items()]
     # Reads in flight side by side: from a cold page cache, 4 readers got 1.7x one reader's throughput here.
     with ThreadPoolExecutor(_READERS) as pool:
         found = list(pool.map(lambda file: check_file(*file), files))
     return [d for d in found if d is not None]
+
+
+def _check_remote(location: str, manifest: dict[str, Any]) -> list[Damage]:
+    """One listing for every file's size, then each split's index read and checked (its entries carry the
+    shards' digests, which readers check as each shard lands)."""
+    found = storage.sizes(location)
+    damage = []
+    for split in manifest["shards"]:
+        for basename, entry in expected_files(manifest, split).items():
+            size = found.get(f"{split}/{basename}")
+            if size is None:
+                damage.append(Damage(split, basename, "the file", "missing"))
+            elif "bytes" in entry and size != entry["bytes"]:
+                damage.append(Damage(split, basename, f"{entry['bytes']} bytes", f"{size} bytes"))
+            elif basename == INDEX:
+                damage += filter(None, [check_bytes(storage.read_bytes(storage.join(location, split, INDEX)),
+                                                    entry, split)])
+    return damage
 
 
 def describe_damage(dataset_dir: Path, manifest: dict[str, Any], damage: list[Damage]) -> str:
@@ -129,9 +176,20 @@ def damaged_error(dataset_dir: Path, manifest: dict[str, Any], damage: list[Dama
     )
 
 
-def move_aside(dataset_dir: Path) -> Path | None:
-    """Rename a damaged version out of readers' sight; None when another process moved it first."""
+def move_aside(dataset_dir: Path | str) -> Path | str | None:
+    """Rename a damaged version out of readers' sight; None when another process moved it first. On an object
+    store its manifest is set aside instead (``manifest.damaged-TIME.json``)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    if storage.is_remote(dataset_dir):
+        manifest = storage.join(dataset_dir, "manifest.json")
+        try:
+            data = storage.read_bytes(manifest)
+        except FileNotFoundError:
+            return None
+        aside = storage.join(dataset_dir, f"manifest.damaged-{stamp}.json")
+        storage.write_bytes(aside, data)
+        storage.remove(manifest)
+        return aside
     aside = dataset_dir.parent / f"{DAMAGED_PREFIX}{dataset_dir.name}-{stamp}"
     try:
         os.rename(dataset_dir, aside)

@@ -3,10 +3,10 @@ preprocessing and the mergeable statistics of its training split."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from pipeline import storage
 from pipeline.data.versions.stats import Stats
 
 MANIFEST = "manifest.json"
@@ -14,13 +14,14 @@ PREPROCESSING = "preprocessing.json"
 STATS = "stats.json"
 
 
-def read_manifest(dataset_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(dataset_dir) / MANIFEST).read_text())
+def read_manifest(dataset_dir: Path | str) -> dict[str, Any]:
+    """The manifest of the version at ``dataset_dir`` (a folder or an object-store URI)."""
+    return storage.read_json(storage.join(dataset_dir, MANIFEST))
 
 
-def read_preprocessing(dataset_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(dataset_dir) / PREPROCESSING).read_text())
+def read_preprocessing(dataset_dir: Path | str) -> dict[str, Any]:
+    return storage.read_json(storage.join(dataset_dir, PREPROCESSING))
 
 
-def read_stats(dataset_dir: Path) -> Stats:
-    return Stats.from_dict(json.loads((Path(dataset_dir) / STATS).read_text()))
+def read_stats(dataset_dir: Path | str) -> Stats:
+    return Stats.from_dict(storage.read_json(storage.join(dataset_dir, STATS)))

@@ -41,7 +41,7 @@ def asset_extra(prepared: PreparedData | Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def triggering_window(triggering_asset_events: Any, data_root: Path | None = None) -> dict[str, str] | None:
+def triggering_window(triggering_asset_events: Any, data_root: Path | str | None = None) -> dict[str, str] | None:
     """``{"dataset", "end"}`` of the newest interval among a run's triggering asset events, or None
     for a run that no asset event triggered (a manual or scheduled one).
 
@@ -59,10 +59,11 @@ def triggering_window(triggering_asset_events: Any, data_root: Path | None = Non
                 if newest is None or extra["interval_end"] > newest["end"]:
                     newest = {"dataset": extra["dataset"], "end": extra["interval_end"]}
     if newest is not None and data_root is not None:
+        from pipeline import storage
         from pipeline.data.prepare.publish import wait_for_writers
 
-        dataset_dir = Path(data_root) / newest["dataset"]
-        still = wait_for_writers(dataset_dir, WRITERS_WAIT_S)
+        dataset_dir = storage.join(data_root, newest["dataset"])
+        still = [] if storage.is_remote(dataset_dir) else wait_for_writers(Path(dataset_dir), WRITERS_WAIT_S)
         if still:
             log.warning("versions of %s still being written after %ss, read without them: %s", newest["dataset"],
                         WRITERS_WAIT_S, [p.name for p in still])
@@ -71,35 +72,46 @@ def triggering_window(triggering_asset_events: Any, data_root: Path | None = Non
     return newest
 
 
-def published(root: Path) -> list[dict[str, Any]]:
-    """Manifests of the complete versions under ``root`` (temporary folders have none)."""
+def published(root: Path | str) -> list[dict[str, Any]]:
+    """Manifests of the complete versions under ``root``, a folder or an object-store URI (temporary folders and
+    versions being uploaded have none)."""
+    from pipeline import storage
+
+    if not storage.is_remote(root):
+        return [json.loads(manifest.read_text()) for manifest in sorted(Path(root).glob("*/manifest.json"))
+                if not manifest.parent.name.startswith(".")]
     out = []
-    for manifest in sorted(Path(root).glob("*/manifest.json")):
-        if not manifest.parent.name.startswith("."):
-            out.append(json.loads(manifest.read_text()))
+    for name in storage.listing(root):
+        if not name.startswith("."):
+            try:
+                out.append(storage.read_json(storage.join(root, name, "manifest.json")))
+            except FileNotFoundError:
+                continue
     return out
 
 
 def _intact(manifest: dict[str, Any]) -> dict[str, Any]:
     """A version of the window checked before it is reused; a damaged one is published again from its source
     (or the error says why it cannot be)."""
-    from pipeline.data import local_path
+    from pipeline.data import version_location
     from pipeline.data.prepare.republish import republish
     from pipeline.data.versions import integrity
 
-    dataset_dir = local_path(manifest["uri"])
+    dataset_dir = version_location(manifest["uri"])
     if not integrity.check_version(dataset_dir, manifest):
         return manifest
     return {k: v for k, v in republish(dataset_dir).items() if k != "skipped"}
 
 
-def resolve(out_root: Path, name: str, end: str, intervals: int) -> PreparedData:
+def resolve(out_root: Path | str, name: str, end: str, intervals: int) -> PreparedData:
     """The newest ``intervals`` interval versions of dataset ``name`` ending by ``end``, oldest first.
 
     An interval prepared more than once (its input changed) counts once, with its newest version.
     """
     newest: dict[str, dict[str, Any]] = {}
-    for m in published(Path(out_root) / name):
+    from pipeline import storage
+
+    for m in published(storage.join(out_root, name)):
         interval = m.get("interval")
         if not interval or interval["end"] > end:
             continue
@@ -108,7 +120,7 @@ def resolve(out_root: Path, name: str, end: str, intervals: int) -> PreparedData
             newest[key] = m
     chosen = [newest[k] for k in sorted(newest)][-intervals:]
     if not chosen:
-        raise DataError(f"{Path(out_root) / name}: no published interval version ending by {end}")
+        raise DataError(f"{storage.join(out_root, name)}: no published interval version ending by {end}")
     chosen = [_intact(m) for m in chosen]
     rows = {split: sum(m["splits"][split] for m in chosen) for split in chosen[-1]["splits"]}
     return PreparedData(

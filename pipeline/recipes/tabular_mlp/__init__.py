@@ -32,7 +32,7 @@ class TabularConfig(PipelineConfig):
 
 def daily_input_path() -> str:
     """The default input of the daily preparation: a folder of dt=YYYY-MM-DD/ partitions."""
-    return str(deployment.data_dir() / "raw" / "tabular_daily")
+    return str(deployment.raw_dir() / "tabular_daily")
 
 
 dataset_uri = deployment.dataset_uri

@@ -1,0 +1,173 @@
+"""Where published files live: a local folder or an object-store prefix (``s3://bucket/prefix``), read and written
+through fsspec (s3fs for S3). A location is a string: an absolute path, or a URI with a scheme.
+
+The endpoint and the credentials are the standard AWS ones, read by every client the pipeline uses (s3fs, boto3
+under streaming's downloader, pyarrow, MLflow's artifact store): ``AWS_ENDPOINT_URL`` for a server that is not
+AWS (MinIO, moto), ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (or a profile, or an instance role),
+``AWS_DEFAULT_REGION``. Nothing here logs them.
+
+A missing bucket, a missing object where one must be, or a denied request is the user's to fix (``ConfigError``
+naming the bucket and the key; never retried); a server that cannot be reached is an infrastructure fault.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+REMOTE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs")  # object stores: no rename, no shared mount
+
+
+def is_remote(location: str | Path) -> bool:
+    """Whether ``location`` is on an object store (a URI of one of ``REMOTE_SCHEMES``)."""
+    scheme, sep, _ = str(location).partition("://")
+    return bool(sep) and scheme in REMOTE_SCHEMES
+
+
+def join(location: str | Path, *parts: str) -> str:
+    """``location`` with ``parts`` appended: ``/`` for a URI and for a path alike."""
+    return "/".join([str(location).rstrip("/"), *(str(p).strip("/") for p in parts)])
+
+
+def filesystem(location: str | Path):
+    """The fsspec file system of ``location`` and the path within it (``fsspec.core.url_to_fs``). S3 listings
+    are not cached: a version another process publishes is seen at once."""
+    import fsspec
+
+    location = str(location)
+    options = {"use_listings_cache": False} if location.startswith("s3://") else {}
+    return fsspec.core.url_to_fs(location, **options)
+
+
+def bucket_and_key(uri: str) -> tuple[str, str]:
+    _, _, rest = str(uri).partition("://")
+    bucket, _, key = rest.partition("/")
+    return bucket, key
+
+
+def storage_error(uri: str, exc: BaseException, doing: str) -> Exception:
+    """The error to raise for ``exc`` on ``uri``: a ``ConfigError`` naming the bucket and key when the store says
+    the bucket is missing or the request is denied, else ``exc`` itself (a fault worth a retry)."""
+    if not is_remote(uri):
+        return exc
+    bucket, key = bucket_and_key(uri)
+    text = str(exc)
+    if isinstance(exc, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        return ConfigError(f"{doing} {uri}: access denied to bucket {bucket!r}, key {key!r}; expected credentials "
+                           f"(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile or a role) allowed to read and "
+                           f"write s3://{bucket}/{key.split('/')[0]}")
+    if isinstance(exc, FileNotFoundError) and ("NoSuchBucket" in text or "bucket does not exist" in text):
+        return ConfigError(f"{doing} {uri}: bucket {bucket!r} does not exist (key {key!r}); expected an existing "
+                           f"bucket (create it, or set the location to one that exists)")
+    return exc
+
+
+def read_bytes(location: str | Path) -> bytes:
+    """The bytes of the file at ``location`` (``FileNotFoundError`` when there is none)."""
+    if not is_remote(location):
+        return Path(location).read_bytes()
+    fs, path = filesystem(location)
+    try:
+        return fs.cat_file(path)
+    except (FileNotFoundError, PermissionError) as exc:
+        error = storage_error(str(location), exc, "reading")
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def read_json(location: str | Path) -> Any:
+    return json.loads(read_bytes(location))
+
+
+def sizes(location: str | Path) -> dict[str, int]:
+    """Every file under ``location`` (recursively) by its path relative to it, with its size in bytes: one listing
+    request per thousand objects on S3."""
+    fs, root = filesystem(location)
+    root = root.rstrip("/")
+    try:
+        found = fs.find(root, detail=True)
+    except (FileNotFoundError, PermissionError) as exc:
+        error = storage_error(str(location), exc, "listing")
+        if error is exc and isinstance(exc, FileNotFoundError):
+            return {}
+        raise error from exc
+    return {path[len(root) + 1:]: int(info.get("size") or 0) for path, info in found.items()
+            if info.get("type", "file") == "file"}
+
+
+def listing(location: str | Path) -> list[str]:
+    """The names directly under ``location`` (files and folders; none when it does not exist)."""
+    fs, root = filesystem(location)
+    try:
+        return sorted(Path(p.rstrip("/")).name for p in fs.ls(root.rstrip("/"), detail=False))
+    except FileNotFoundError as exc:
+        error = storage_error(str(location), exc, "listing")
+        if error is exc:
+            return []
+        raise error from exc
+
+
+def write_bytes(location: str | Path, data: bytes, *, create: bool = False) -> bool:
+    """Write ``data`` to ``location``. With ``create``, only where nothing is yet (an S3 conditional put,
+    ``If-None-Match: *``): returns False, writing nothing, when an object is already there."""
+    fs, path = filesystem(location)
+    try:
+        fs.pipe_file(path, data, **({"mode": "create"} if create else {}))
+    except FileExistsError:
+        if create:
+            return False
+        raise
+    except (FileNotFoundError, PermissionError) as exc:
+        error = storage_error(str(location), exc, "writing")
+        if error is exc:
+            raise
+        raise error from exc
+    return True
+
+
+def upload(local: Path, location: str, *, last: str, before_last: Callable[[], None] | None = None) -> None:
+    """Copy the folder ``local`` to ``location``, the file ``last`` (relative to ``local``) after every other has
+    landed (and ``before_last()`` has not raised): readers that look for ``last`` never see a partial copy."""
+    fs, root = filesystem(location)
+    root = root.rstrip("/")
+    files = sorted(p for p in Path(local).rglob("*") if p.is_file())
+    rest = [p for p in files if p.relative_to(local).as_posix() != last]
+    try:
+        if rest:
+            fs.put([str(p) for p in rest], [f"{root}/{p.relative_to(local).as_posix()}" for p in rest])
+        if before_last is not None:
+            before_last()
+        fs.put_file(str(Path(local) / last), f"{root}/{last}")
+    except (FileNotFoundError, PermissionError) as exc:
+        raise storage_error(location, exc, "uploading to") from exc
+
+
+def remove(location: str | Path) -> None:
+    """Delete ``location`` and everything under it (nothing when there is none)."""
+    fs, path = filesystem(location)
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
+def modified_age_s(location: str | Path) -> float | None:
+    """Seconds since the object at ``location`` was last written (by the store's clock against this host's),
+    or None when there is none."""
+    import time
+
+    fs, path = filesystem(location)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    modified = info.get("LastModified") or info.get("mtime") or info.get("created")
+    stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
+    return time.time() - stamp
