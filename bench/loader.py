@@ -121,13 +121,21 @@ def _synthetic_images(count: int, seed: int = 0):
 
 
 def _tabular(home: Path, rows: int) -> dict:
+    from pipeline.data import demo
+
+    opener = _prepare(home, "tabular", demo.write_parquet(home / "raw" / "tabular.parquet", rows, seed=0))
+    return {"name": f"tabular rows ({rows:,})", "open": opener, **tabular_case(opener),
+            "uri": str(opener("probe").dirs[0])}
+
+
+def tabular_case(opener) -> dict:
+    """The tabular recipe's transform and model (``TabularMLP``, hidden 128, 64), and batches of its shapes in
+    memory, for the version ``opener`` opens."""
     import numpy as np
     import torch
 
-    from pipeline.data import demo
     from pipeline.recipes.tabular_mlp.model import ModelSpec, TabularMLP
 
-    opener = _prepare(home, "tabular", demo.write_parquet(home / "raw" / "tabular.parquet", rows, seed=0))
     data = opener("probe")
     prep = data.preprocessing
 
@@ -144,8 +152,7 @@ def _tabular(home: Path, rows: int) -> dict:
                 "cat": torch.from_numpy(rng.integers(0, 3, (n, len(prep["categorical_columns"])))),
                 "label": torch.from_numpy(rng.integers(0, len(prep["label_classes"]), n))}
 
-    return {"name": f"tabular rows ({rows:,})", "open": opener, "transform": TabularTransform(data),
-            "model": model, "memory": memory, "uri": str(data.dirs[0])}
+    return {"transform": TabularTransform(data), "model": model, "memory": memory}
 
 
 def _idx(home: Path, count: int) -> dict:

@@ -48,8 +48,8 @@ def airflow_db(pipeline_home: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def s3_server(pipeline_home: Path):
-    """One S3 API server for the session (``tests.services.S3Server``)."""
-    from tests.services import S3Server
+    """One S3 API server for the session (``pipeline.dev.s3_server``)."""
+    from pipeline.dev.s3_server import S3Server
 
     server = S3Server(pipeline_home / "logs")
     server.start()

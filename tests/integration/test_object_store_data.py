@@ -1,6 +1,7 @@
 """Dataset versions on an object store (``PIPELINE_DATA_DIR=s3://...``), against a real S3 API server (moto's, on
 127.0.0.1): published with the manifest last under a lease, reused with a check that reads no shard, set aside and
-published again when damaged, never seen while partial, one version from two publishers at once; and read back,
+published again when damaged, never seen while partial (and waited for while its lease is fresh), one version from
+two publishers at once; and read back,
 through streaming's downloader into a local cache, as the same batches in the same order as the local copy,
 resumable at the exact sample. A missing bucket is a user error naming it."""
 
@@ -108,12 +109,14 @@ def test_a_dead_writers_partial_upload_is_invisible_and_its_stale_lease_taken_ov
     assert windows.published(f"{s3}/data/t") == []
     with pytest.raises(DataError, match="no published dataset version here"):
         TrainingData.open([final], Path(os.environ["PIPELINE_STAGING_DIR"]) / "c")
+    assert publish_remote.wait_for_writers(f"{s3}/data/t", timeout_s=0) == [version]  # a fresh lease: being written
 
     monkeypatch.setattr(publish_remote, "STALE_LEASE_S", 0.5)
     monkeypatch.setattr(publish_remote, "POLL_S", 0.1)
     import time
 
     time.sleep(1.0)
+    assert publish_remote.wait_for_writers(f"{s3}/data/t", timeout_s=0) == []  # stale: its writer is gone
     made = prepare(cfg(source), name="t", out_root=f"{s3}/data")
     assert not made["skipped"] and made["uri"] == final
     assert publish_remote.LEASE not in _keys(final)

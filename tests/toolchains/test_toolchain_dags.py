@@ -89,6 +89,15 @@ def _kill_the_first_attempt_after(runs, pattern: str, killed: dict) -> None:
         time.sleep(0.05)
 
 
+def _why(dag_id: str, run_id: str) -> str:
+    """What a failed run's train job left: the errors its ranks reported, its attempts and the end of each log."""
+    job = RunInfo(dag_id, run_id).workdir / "train"
+    parts = [f"{p.relative_to(job)}: {p.read_text()[-2000:]}"
+             for p in [*sorted(job.glob("errors/*.json")), *job.glob("attempts.jsonl")]]
+    parts += [f"{p.relative_to(job)} (end): {p.read_text(errors='replace')[-3000:]}" for p in sorted(job.rglob("*.log"))]
+    return f"the run failed; its train job folder {job}:\n" + "\n".join(parts or ["(nothing)"])
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_toolchain_trains_is_retried_from_its_own_checkpoint_and_its_model_is_registered_and_gated(
         airflow_db, base_model, name):
@@ -103,7 +112,7 @@ def test_a_toolchain_trains_is_retried_from_its_own_checkpoint_and_its_model_is_
     dag_run = run_dag(dag_id, _conf(base_model))
     watcher.join(timeout=5)
     assert killed, "the first attempt was never killed"
-    assert str(getattr(dag_run.state, "value", dag_run.state)) == "success"
+    assert str(getattr(dag_run.state, "value", dag_run.state)) == "success", _why(dag_id, dag_run.run_id)
     tries = {ti.task_id: ti.try_number for ti in dag_run.get_task_instances()}
     assert tries["train"] == 2  # the retry, not a restart inside the first try
 

@@ -131,6 +131,24 @@ def writing(final: str, published: Callable[[str], dict[str, Any] | None]) -> It
         lease.release()
 
 
+def wait_for_writers(root: str, timeout_s: float, poll_s: float = POLL_S) -> list[str]:
+    """Wait, at most ``timeout_s``, while versions of the dataset at ``root`` are being uploaded (their leases
+    renewed within ``STALE_LEASE_S``); returns the versions still being written when the wait ended."""
+    deadline = time.monotonic() + timeout_s
+    waited = False
+    while True:
+        writing = [name for name in storage.listing(root) if not name.startswith(".")
+                   and (age := storage.modified_age_s(storage.join(root, name, LEASE))) is not None
+                   and age <= STALE_LEASE_S]
+        if not writing or time.monotonic() >= deadline:
+            return writing
+        if not waited:
+            log.info("waiting up to %.0fs for %d version(s) of %s being uploaded: %s", timeout_s, len(writing),
+                     root, writing)
+            waited = True
+        time.sleep(poll_s)
+
+
 def _remove_partial(final: str) -> None:
     """Delete what a failed writer uploaded (never a published version: it has a manifest)."""
     names = storage.sizes(final)

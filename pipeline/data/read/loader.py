@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 PARTITION_ALGO, SHUFFLE_ALGO = "relaxed", "py1e"  # StreamingDataset's defaults: the same order as streaming's
 AHEAD = 2  # batches read ahead of the training step, on a thread (ReadAhead)
+DOWNLOADS = 4  # shards downloaded side by side from an object store (Shards.download_ahead)
 _END = object()  # ReadAhead's last entry
 T = TypeVar("T")
 
@@ -109,6 +110,34 @@ class Shards:
                     raise self._damaged(shard_id, exc) from None
                 done.touch()
         self._ready.add(shard_id)
+
+    def download_ahead(self, sample_ids: np.ndarray) -> threading.Event:
+        """On an object store, bring the shards of ``sample_ids`` into the cache on ``DOWNLOADS`` threads, in the
+        order the samples first need them, while the batches before them train (streaming's own dataset
+        downloads ahead too): the first epoch waits on a download only when it outruns them. Set the returned
+        event to stop them. An error is left for the reader to raise when it needs that shard."""
+        stop = threading.Event()
+        if not any(storage.is_remote(source.dataset_dir) for source in self.sources):
+            return stop
+        shards = np.searchsorted(self.first_sample, sample_ids, side="right") - 1
+        _, first = np.unique(shards, return_index=True)
+        order = iter([int(shard) for shard in shards[np.sort(first)] if int(shard) not in self._ready])
+        lock = threading.Lock()
+
+        def run() -> None:
+            while not stop.is_set():
+                with lock:
+                    shard = next(order, None)
+                if shard is None:
+                    return
+                try:
+                    self.prepare(shard)
+                except Exception:  # noqa: BLE001 - the reader meets it again, and raises it, at that shard
+                    return
+
+        for i in range(DOWNLOADS):
+            threading.Thread(target=run, name=f"shards-ahead-{i}", daemon=True).start()
+        return stop
 
     def reader(self) -> ShardReader:
         # One per process: loader workers (forked) map the shards themselves.
@@ -211,9 +240,13 @@ class BatchStream(IterableDataset):
         world = World.detect()  # in a loader worker, with its worker
         ids = self.epochs.work(world, self.epoch, self.offset)
         size = self.epochs.batch_size
-        for at in range(0, len(ids), size):
-            batch = ids[at:at + size]
-            yield len(batch), self.shards.read(batch)
+        ahead = self.shards.download_ahead(ids)
+        try:
+            for at in range(0, len(ids), size):
+                batch = ids[at:at + size]
+                yield len(batch), self.shards.read(batch)
+        finally:
+            ahead.set()
 
 
 class BatchLoader:

@@ -60,13 +60,16 @@ def triggering_window(triggering_asset_events: Any, data_root: Path | str | None
                     newest = {"dataset": extra["dataset"], "end": extra["interval_end"]}
     if newest is not None and data_root is not None:
         from pipeline import storage
-        from pipeline.data.prepare.publish import wait_for_writers
+        from pipeline.data.prepare import publish, publish_remote
 
         dataset_dir = storage.join(data_root, newest["dataset"])
-        still = [] if storage.is_remote(dataset_dir) else wait_for_writers(Path(dataset_dir), WRITERS_WAIT_S)
+        if storage.is_remote(dataset_dir):
+            still = publish_remote.wait_for_writers(dataset_dir, WRITERS_WAIT_S)
+        else:
+            still = [p.name for p in publish.wait_for_writers(Path(dataset_dir), WRITERS_WAIT_S)]
         if still:
             log.warning("versions of %s still being written after %ss, read without them: %s", newest["dataset"],
-                        WRITERS_WAIT_S, [p.name for p in still])
+                        WRITERS_WAIT_S, still)
         ends = [m["interval"]["end"] for m in published(dataset_dir) if m.get("interval")]
         newest["end"] = max([newest["end"], *ends])
     return newest

@@ -1,0 +1,50 @@
+"""The tabular_mlp DAG run by Airflow (dag.test) with its dataset versions on an S3 API server (moto's, on
+127.0.0.1; ``PIPELINE_DATA_DIR=s3://...``): prepare_data publishes there, the real torchrun ranks, the evaluation
+and the registration read it through their node-local caches, and no version is written under the local data
+folder."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import deployment, storage
+from pipeline.dev.demo import run_dag
+from pipeline.stages.run import RunInfo
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(airflow_db, demo_parquet, s3, tmp_path,
+                                                                           monkeypatch):
+    from pipeline.registry.tracking import client
+
+    monkeypatch.setenv("PIPELINE_DATA_DIR", f"{s3}/datasets")
+    monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    local_before = set(Path(deployment.home(), "data").rglob("manifest.json"))
+    model = "tabular_mlp_on_s3"
+    conf = {"input_path": str(demo_parquet), "epochs": 2, "batch_size": 64, "hidden_sizes": [32, 16],
+            "model_name": model, "overrides": {"data.shard_size_limit_bytes": 16384, "registry.experiment": model}}
+    dag_run = run_dag("tabular_mlp", conf)
+    assert str(getattr(dag_run.state, "value", dag_run.state)) == "success"
+
+    workdir = RunInfo("tabular_mlp", dag_run.run_id).workdir
+    summary = json.loads((workdir / "summary.json").read_text())
+    uri = summary["dataset"]["uri"]
+    assert uri.startswith(f"{s3}/datasets/tabular_mlp/"), uri
+    manifest = storage.read_json(storage.join(uri, "manifest.json"))
+    assert summary["dataset"]["version"] == manifest["version"]
+    assert set(Path(deployment.home(), "data").rglob("manifest.json")) == local_before  # nothing published locally
+    assert list((tmp_path / "staging").iterdir()) == []
+
+    # The ranks' node-local cache holds the train split's shards, downloaded and checked.
+    cache = workdir / "train" / "cache" / "node-0" / manifest["version"] / "train"
+    downloaded = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("shard.*.mds"))
+    assert len(downloaded) == len(manifest["shards"]["train"]) > 1
+    metrics = summary["test_metrics"]
+    assert metrics["accuracy"] >= metrics["majority_rate"] + 0.05, metrics
+
+    # MLflow records the version where it lies: on the bucket.
+    run = client().get_run(summary["model"]["mlflow_run_id"])
+    sources = [json.loads(d.dataset.source) for d in run.inputs.dataset_inputs]
+    assert any(uri in json.dumps(s) for s in sources), sources
