@@ -135,8 +135,16 @@ class Shards:
                 except Exception:  # noqa: BLE001 - the reader meets it again, and raises it, at that shard
                     return
 
-        for i in range(DOWNLOADS):
-            threading.Thread(target=run, name=f"shards-ahead-{i}", daemon=True).start()
+        def start() -> None:
+            first = next(order, None)  # alone: its download makes the store's client the others share
+            if first is not None:
+                with contextlib.suppress(Exception):
+                    self.prepare(first)
+            for i in range(1, DOWNLOADS):
+                threading.Thread(target=run, name=f"shards-ahead-{i}", daemon=True).start()
+            run()
+
+        threading.Thread(target=start, name="shards-ahead-0", daemon=True).start()
         return stop
 
     def reader(self) -> ShardReader:
