@@ -128,7 +128,7 @@ def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_pa
 def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order():
     import threading
 
-    from pipeline.data.read.loader import ReadAhead
+    from pipeline.data.read.ahead import ReadAhead
 
     asked = [0]  # the consumer's next() calls begun
     pulled: list[tuple[int, int, str]] = []  # (item, next() calls begun when the source gave it, thread)
@@ -152,7 +152,7 @@ def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order(
 
 
 def test_read_ahead_raises_the_sources_error_at_its_item():
-    from pipeline.data.read.loader import ReadAhead
+    from pipeline.data.read.ahead import ReadAhead
 
     def source():
         yield from range(3)
@@ -168,7 +168,7 @@ def test_read_ahead_raises_the_sources_error_at_its_item():
 def test_a_dropped_read_ahead_stops_and_closes_its_source_on_its_thread():
     import threading
 
-    from pipeline.data.read.loader import ReadAhead
+    from pipeline.data.read.ahead import ReadAhead
 
     closed: list[str] = []
 

@@ -21,16 +21,16 @@ import fcntl
 import json
 import logging
 import os
-import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
 from pipeline import storage
+from pipeline.data.read.ahead import ReadAhead
 from pipeline.data.read.shards import Layout, ShardReader, concat
 from pipeline.data.versions import integrity
 from pipeline.errors import DataError
@@ -38,10 +38,8 @@ from pipeline.errors import DataError
 log = logging.getLogger(__name__)
 
 PARTITION_ALGO, SHUFFLE_ALGO = "relaxed", "py1e"  # StreamingDataset's defaults: the same order as streaming's
-AHEAD = 2  # batches read ahead of the training step, on a thread (ReadAhead)
+AHEAD = 2  # batches read ahead of the training step, on a thread (``pipeline.data.read.ahead.ReadAhead``)
 DOWNLOADS = 4  # shards downloaded side by side from an object store (Shards.download_ahead)
-_END = object()  # ReadAhead's last entry
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -313,68 +311,6 @@ class _Apply:
     def __call__(self, item: tuple[int, dict[str, Any]]) -> tuple[int, Any]:
         count, columns = item
         return count, self.transform(columns)
-
-
-class ReadAhead:
-    """``source``'s items, in order, taken by a thread up to ``depth`` items ahead of the consumer.
-
-    The next batch is read and transformed while the last one trains: a step spends most of its time in
-    torch's kernels and in the gradients' all-reduce, which release the interpreter lock. The thread starts
-    at once, so the first batch is on its way before the first ``next``. An error of ``source`` is raised to
-    the consumer at the item where it happened. ``close`` (or dropping the iterator: a preempted rank's
-    ``del``) stops the thread after the item it is reading; only that thread ever runs ``source``."""
-
-    def __init__(self, source: Iterable[T], depth: int):
-        self._items: queue.Queue = queue.Queue(max(1, depth))
-        self._stop = threading.Event()
-        self._done = False
-        threading.Thread(target=_produce, args=(iter(source), self._items, self._stop), name="read-ahead",
-                         daemon=True).start()
-
-    def __iter__(self) -> ReadAhead:
-        return self
-
-    def __next__(self) -> T:
-        if self._done:
-            raise StopIteration
-        item, error = self._items.get()
-        if item is _END:
-            self._done = True
-            self.close()
-            if error is not None:
-                raise error
-            raise StopIteration
-        return item
-
-    def close(self) -> None:
-        self._stop.set()
-
-    __del__ = close
-
-
-def _produce(source: Iterator[Any], items: queue.Queue, stop: threading.Event) -> None:
-    """``ReadAhead``'s thread (it holds no reference to the ``ReadAhead``, so dropping that ends this)."""
-
-    def put(entry) -> None:
-        while not stop.is_set():
-            try:
-                items.put(entry, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-
-    try:
-        for item in source:
-            put((item, None))
-            if stop.is_set():
-                return
-        put((_END, None))
-    except BaseException as error:  # raised again in the consumer, with its traceback
-        put((_END, error))
-    finally:
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
 
 
 def _verified_index(source: Source) -> list[dict[str, Any]]:
