@@ -46,9 +46,10 @@ def airflow_db(pipeline_home: Path) -> Path:
     return pipeline_home / "airflow" / "airflow.db"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_server(pipeline_home: Path):
-    """One S3 API server for the session (``pipeline.dev.s3_server``)."""
+    """An S3 API server for the module (``pipeline.dev.s3_server``): a child process of the test's, only while the
+    module that uses it runs (a test elsewhere may count this process's children)."""
     from pipeline.dev.s3_server import S3Server
 
     server = S3Server(pipeline_home / "logs")

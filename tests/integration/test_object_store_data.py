@@ -8,7 +8,6 @@ resumable at the exact sample. A missing bucket is a user error naming it."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 from pathlib import Path
 
@@ -124,22 +123,27 @@ def test_a_dead_writers_partial_upload_is_invisible_and_its_stale_lease_taken_ov
         == made["splits"]["train"]
 
 
-def _publish(source: str, root: str, env: dict, queue) -> None:
-    os.environ.update(env)
-    manifest = prepare(cfg(source), name="t", out_root=root)
-    queue.put({"skipped": manifest["skipped"], "version": manifest["version"], "created_at": manifest["created_at"]})
+_PUBLISH = """
+import json, sys
+from pipeline.data.prepare.version import prepare
+from tests.datafiles import cfg
+manifest = prepare(cfg(sys.argv[1]), name="t", out_root=sys.argv[2])
+print(json.dumps({k: manifest[k] for k in ("skipped", "version", "created_at")}))
+"""
 
 
-def test_two_publishers_of_one_version_publish_it_once(s3, source, s3_server, tmp_path):
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    env = {**s3_server.env(), "PIPELINE_STAGING_DIR": str(tmp_path / "staging")}
-    publishers = [ctx.Process(target=_publish, args=(str(source), f"{s3}/data", env, queue)) for _ in range(2)]
-    for p in publishers:
-        p.start()
-    results = [queue.get(timeout=300) for _ in publishers]
-    for p in publishers:
-        p.join(timeout=60)
+def test_two_publishers_of_one_version_publish_it_once(s3, source, tmp_path):
+    import subprocess
+    import sys
+
+    from pipeline import deployment
+
+    # Processes of their own (not multiprocessing's: its resource tracker would outlive the test as a child).
+    env = {**os.environ, "PIPELINE_STAGING_DIR": str(tmp_path / "staging"), "PYTHONPATH": str(deployment.PROJECT_ROOT)}
+    publishers = [subprocess.Popen([sys.executable, "-c", _PUBLISH, str(source), f"{s3}/data"], env=env,
+                                   stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in publishers]
+    assert [p.returncode for p in publishers] == [0, 0]
     assert sorted(r["skipped"] for r in results) == [False, True], results  # one wrote it, the other waited
     assert len({r["version"] for r in results}) == 1 and len({r["created_at"] for r in results}) == 1
     final = f"{s3}/data/t/{results[0]['version']}"
@@ -155,3 +159,22 @@ def test_a_missing_bucket_is_a_user_error_naming_it(s3, source):
     with pytest.raises(ConfigError, match=f"bucket '{missing[5:]}' does not exist") as caught:
         prepare(cfg(source), name="t", out_root=f"{missing}/data")
     assert "key 'data/t/" in str(caught.value)
+
+
+def test_a_publisher_waits_while_another_holds_the_versions_lease(s3, source, monkeypatch):
+    import threading
+    import time
+
+    version = prepare(cfg(source), name="probe", out_root=f"{s3}/probe")["version"]
+    final = f"{s3}/data/t/{version}"
+    lease = storage.join(final, publish_remote.LEASE)
+    storage.write_bytes(lease, b'{"token": "another writer"}')  # fresh: renewed just now
+    monkeypatch.setattr(publish_remote, "POLL_S", 0.1)
+    made: list = []
+    publisher = threading.Thread(target=lambda: made.append(prepare(cfg(source), name="t", out_root=f"{s3}/data")))
+    publisher.start()
+    time.sleep(3.0)
+    assert publisher.is_alive() and "manifest.json" not in _keys(final)  # waiting, writing nothing
+    storage.remove(lease)  # the other writer gave up (its files removed, no manifest)
+    publisher.join(timeout=120)
+    assert made and not made[0]["skipped"] and publish_remote.LEASE not in _keys(final)
