@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,7 +42,11 @@ def filesystem(location: str | Path):
     import fsspec
 
     location = str(location)
-    options = {"use_listings_cache": False} if location.startswith("s3://") else {}
+    options = {}
+    if location.startswith("s3://"):
+        # The endpoint in the options keys fsspec's cache of file systems: a process that moves to another endpoint
+        # (AWS_ENDPOINT_URL changed) gets a file system of its own, not the one of the old endpoint.
+        options = {"use_listings_cache": False, "endpoint_url": os.environ.get("AWS_ENDPOINT_URL") or None}
     return fsspec.core.url_to_fs(location, **options)
 
 
