@@ -73,6 +73,14 @@ def storage_error(uri: str, exc: BaseException, doing: str) -> Exception:
     return exc
 
 
+def _raise_for(location: str | Path, exc: BaseException, doing: str) -> None:
+    """Raise ``storage_error``'s error for ``exc``: the user's own, or ``exc`` as it is."""
+    error = storage_error(str(location), exc, doing)
+    if error is exc:
+        raise exc
+    raise error from exc
+
+
 def read_bytes(location: str | Path) -> bytes:
     """The bytes of the file at ``location`` (``FileNotFoundError`` when there is none)."""
     if not is_remote(location):
@@ -81,10 +89,7 @@ def read_bytes(location: str | Path) -> bytes:
     try:
         return fs.cat_file(path)
     except (FileNotFoundError, PermissionError) as exc:
-        error = storage_error(str(location), exc, "reading")
-        if error is exc:
-            raise
-        raise error from exc
+        _raise_for(location, exc, "reading")
 
 
 def read_json(location: str | Path) -> Any:
@@ -130,10 +135,7 @@ def write_bytes(location: str | Path, data: bytes, *, create: bool = False) -> b
             return False
         raise
     except (FileNotFoundError, PermissionError) as exc:
-        error = storage_error(str(location), exc, "writing")
-        if error is exc:
-            raise
-        raise error from exc
+        _raise_for(location, exc, "writing")
     return True
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import storage
+from pipeline.data.versions.manifest import MANIFEST
 from pipeline.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ def move_aside(dataset_dir: Path | str) -> Path | str | None:
     store its manifest is set aside instead (``manifest.damaged-TIME.json``)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     if storage.is_remote(dataset_dir):
-        manifest = storage.join(dataset_dir, "manifest.json")
+        manifest = storage.join(dataset_dir, MANIFEST)
         try:
             data = storage.read_bytes(manifest)
         except FileNotFoundError:
