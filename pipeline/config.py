@@ -120,6 +120,10 @@ class TrainConfig:
         min=0,
     )
     keep_checkpoints: int = config_field(3, "Complete checkpoints kept; older ones are deleted.", min=1, max=100)
+    checkpoint_uri: str = config_field(
+        "", "Where checkpoints are kept: empty for the job folder's checkpoints/, or a folder or object-store prefix "
+        "(s3://bucket/prefix) under which each job has its own (its job folder's path under the runs folder). On an "
+        "object store they are written on the node first, uploaded with the marker last, and downloaded to resume.")
     parallelism: str = config_field(
         "ddp", "How the ranks hold the model: ddp keeps a whole replica (parameters, gradients, optimizer state) on "
         "every rank; fsdp shards all three over the ranks (FSDP2, one unit per block of the recipe), for models "

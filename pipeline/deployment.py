@@ -38,6 +38,15 @@ def runs_dir() -> Path:
     return Path(os.environ.get("PIPELINE_RUNS_DIR", home() / "runs")).resolve()
 
 
+def staging_dir() -> Path:
+    """A node-local folder for files on their way to or from an object store: a version converted before its upload,
+    a checkpoint written before its upload or downloaded before a resume (``PIPELINE_STAGING_DIR``, default the
+    system's temporary folder)."""
+    import tempfile
+
+    return Path(os.environ.get("PIPELINE_STAGING_DIR") or tempfile.gettempdir())
+
+
 def retry_delay_s() -> float:
     """Wait before an Airflow retry of a failed task (``PIPELINE_RETRY_DELAY_S``, default 30)."""
     return float(os.environ.get("PIPELINE_RETRY_DELAY_S", 30))

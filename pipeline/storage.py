@@ -139,9 +139,10 @@ def write_bytes(location: str | Path, data: bytes, *, create: bool = False) -> b
     return True
 
 
-def upload(local: Path, location: str, *, last: str, before_last: Callable[[], None] | None = None) -> None:
-    """Copy the folder ``local`` to ``location``, the file ``last`` (relative to ``local``) after every other has
-    landed (and ``before_last()`` has not raised): readers that look for ``last`` never see a partial copy."""
+def upload(local: Path, location: str, *, last: str | None = None,
+           before_last: Callable[[], None] | None = None) -> None:
+    """Copy the folder ``local`` to ``location``; with ``last`` (a file relative to ``local``), that file after every
+    other has landed (and ``before_last()`` has not raised): readers that look for ``last`` never see a partial copy."""
     fs, root = filesystem(location)
     root = root.rstrip("/")
     files = sorted(p for p in Path(local).rglob("*") if p.is_file())
@@ -151,9 +152,48 @@ def upload(local: Path, location: str, *, last: str, before_last: Callable[[], N
             fs.put([str(p) for p in rest], [f"{root}/{p.relative_to(local).as_posix()}" for p in rest])
         if before_last is not None:
             before_last()
-        fs.put_file(str(Path(local) / last), f"{root}/{last}")
+        if last is not None:
+            fs.put_file(str(Path(local) / last), f"{root}/{last}")
     except (FileNotFoundError, PermissionError) as exc:
         raise storage_error(location, exc, "uploading to") from exc
+
+
+def download(location: str, local: Path) -> None:
+    """Copy every file under ``location`` into the folder ``local`` (made if missing), keeping their relative paths."""
+    fs, root = filesystem(location)
+    root = root.rstrip("/")
+    try:
+        found = fs.find(root)
+        for path in found:
+            target = Path(local) / path[len(root) + 1:]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(path, str(target))
+    except (FileNotFoundError, PermissionError) as exc:
+        _raise_for(location, exc, "downloading")
+
+
+def patiently(action: Callable[[], Any], *, doing: str, patience_s: float, emit: Callable[[str], None] = print) -> Any:
+    """``action()``, tried again while the store cannot be reached (a connection refused or timed out, a server
+    error), waiting 1 s, then twice as long each time up to 30 s, until ``patience_s`` have passed since the first
+    failure; then its last fault is raised (an infrastructure fault: the attempt is retried). A user's error
+    (``ConfigError``: a missing bucket, a denied request) or a missing file is raised at once."""
+    import time
+
+    first_failure, wait = None, 1.0
+    while True:
+        try:
+            return action()
+        except (ConfigError, FileNotFoundError, PermissionError, FileExistsError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - s3fs, botocore and aiohttp each raise their own for a lost server
+            now = time.monotonic()
+            first_failure = first_failure or now
+            if now - first_failure + wait > patience_s:
+                raise
+            emit(f"WARNING: {doing}: the store did not answer ({type(exc).__name__}: {exc}); trying again in "
+                 f"{wait:.0f} s ({now - first_failure:.0f} s of {patience_s:.0f} s spent)")
+            time.sleep(wait)
+            wait = min(wait * 2, 30.0)
 
 
 def remove(location: str | Path) -> None:

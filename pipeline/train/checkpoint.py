@@ -8,6 +8,8 @@ A sharded checkpoint (``train.parallelism = fsdp``: ``save_sharded_in_background
 shards of the model and optimizer in ``shards/``, written by each rank with ``torch.distributed.checkpoint``
 (which resumes them on any number of ranks), beside rank 0's ``state.pt`` with the rest (step, loader,
 RNG, schedule); its marker lists every shard file's size.
+On an object store (``train.checkpoint_uri = s3://...``) the same checkpoint is written in a node-local staging
+folder, then uploaded with its marker last (``pipeline.train.checkpoint_remote``).
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain Python values
 only, never pickled objects. When the newest checkpoint cannot be read (truncated, damaged), the
 previous complete one is used and the damage is logged.
@@ -18,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import threading
 import uuid
@@ -29,19 +30,21 @@ from typing import Any
 
 import torch
 
+from pipeline import storage
 from pipeline.diskspace import space_checked
+from pipeline.train.checkpoint_remote import STEP_DIR, RemoteCheckpoints
 
 STATE_FILE = "state.pt"
 SHARDS_DIR = "shards"  # a sharded checkpoint's torch.distributed.checkpoint folder
 MARKER = "COMPLETE"  # written last; holds the state file's size and sha256
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     step: int
-    path: Path
+    path: Path  # on this node (an object store's checkpoint is downloaded first)
     state: dict[str, Any]
+    location: str  # where the job keeps it: ``path``, or its URI on an object store
 
     @property
     def sharded(self) -> bool:
@@ -50,25 +53,46 @@ class Checkpoint:
 
 
 class CheckpointStore:
-    """The checkpoints of one training job, in ``root`` (keyed by the job, not by the attempt)."""
+    """The checkpoints of one training job (keyed by the job, not by the attempt) in ``location``: a folder, or an
+    object-store prefix (``s3://bucket/prefix``: then ``root`` is this node's staging folder for them)."""
 
-    def __init__(self, root: Path, *, keep: int = 3):
+    def __init__(self, location: Path | str, *, keep: int = 3, cache: Path | None = None):
         if keep < 1:
             raise ValueError(f"keep={keep}: at least one checkpoint must be kept")
-        self.root = Path(root)
+        self.remote = RemoteCheckpoints(str(location), MARKER, cache=cache) if storage.is_remote(location) else None
+        self.root = self.remote.cache if self.remote else Path(location)
         self.keep = keep
         self._writing: tuple[threading.Thread, dict[str, BaseException]] | None = None
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` as checkpoint ``step`` (call on one rank only) and prune to the last ``keep``.
+    @property
+    def location(self) -> str:
+        return self.remote.uri if self.remote else str(self.root)
 
-        A save that fails (a full disk: ``OutOfSpace``, naming the bytes it needed and the bytes free) leaves
-        nothing of itself, and the checkpoints before it as they were."""
+    def where(self, name: str) -> str:
+        """Where the job keeps checkpoint ``name`` (``step-N``): a folder or a URI."""
+        return self.remote.location(name) if self.remote else str(self.root / name)
+
+    def local_copy(self, name: str) -> Path:
+        """Checkpoint ``name`` on this node: its folder, or its download from the object store."""
+        return self.remote.local_copy(name) if self.remote else self.root / name
+
+    def save(self, step: int, state: dict[str, Any]) -> Path | str:
+        """Write ``state`` as checkpoint ``step`` (call on one rank only) and prune to the last ``keep``; returns
+        where it is (``where``).
+
+        A save that fails (a full disk: ``OutOfSpace``, naming the bytes it needed and the bytes free; an object
+        store unreachable for longer than it waits) leaves nothing that looks complete, and the checkpoints before
+        it as they were."""
         final = self.root / f"step-{step:09d}"
         with space_checked(final, state_bytes(state)):
             self._write(step, state, final)
+        if self.remote:
+            try:
+                location = self.remote.publish(final, final.name)
+            finally:
+                shutil.rmtree(final, ignore_errors=True)  # the staging copy: resumes download what they need
         self._prune()
-        return final
+        return location if self.remote else final
 
     def save_in_background(self, step: int, state: dict[str, Any], *,
                            done: Callable[[Path], None] | None = None) -> None:
@@ -108,25 +132,38 @@ class CheckpointStore:
         self.wait()
         tmp = self.root / broadcast_object(dist, f".tmp-step-{step:09d}-{uuid.uuid4().hex[:8]}")
         final = self.root / f"step-{step:09d}"
-        tmp.mkdir(parents=True, exist_ok=True)  # every rank's writer makes the folder of its shards
+        # On an object store each rank writes its shards in a folder of its own (nodes share no folder), then
+        # uploads them into the checkpoint's shards/.
+        own = tmp / (f"{SHARDS_DIR}-rank-{dist.rank}" if self.remote else SHARDS_DIR)
+        own.mkdir(parents=True, exist_ok=True)
         copy = _host_copy(state) if dist.is_main else None
         with space_checked(final, state_bytes(shards) if dist.is_main else None):
-            written = dcp.async_save(shards, checkpoint_id=str(tmp / SHARDS_DIR), process_group=group)
+            written = dcp.async_save(shards, checkpoint_id=str(own), process_group=group)
         failure: dict[str, BaseException] = {}
 
         def finish() -> None:
             try:
                 written.result()  # rank 0's ends after every rank's shards and the metadata are written
+                if self.remote:
+                    self.remote.publish_part(own, final.name, SHARDS_DIR)
+                    torch.distributed.barrier(group=group)  # every rank's shards are in before the marker
                 if dist.is_main:
                     with space_checked(final, state_bytes(copy)):
-                        self._complete(step, copy, tmp, final)
+                        if self.remote:
+                            _write_state(step, copy, tmp / "state", self.remote.sizes(final.name, SHARDS_DIR))
+                            location = self.remote.publish(tmp / "state", final.name)
+                        else:
+                            self._complete(step, copy, tmp, final)
                     self._prune()
                     if done is not None:
-                        done(final)
+                        done(location if self.remote else final)
             except BaseException as exc:
                 failure["error"] = exc
                 if dist.is_main:
                     shutil.rmtree(tmp, ignore_errors=True)
+            finally:
+                if self.remote:
+                    shutil.rmtree(tmp if dist.is_main else own, ignore_errors=True)
 
         thread = threading.Thread(target=finish, name=f"checkpoint-step-{step}")
         thread.start()
@@ -153,47 +190,46 @@ class CheckpointStore:
 
     def _complete(self, step: int, state: dict[str, Any], tmp: Path, final: Path) -> None:
         """``state.pt`` into ``tmp``, then the marker (with the shard files' sizes, if any), then the rename."""
-        state_path = tmp / STATE_FILE
-        with open(state_path, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        marker = {"step": step, "size": state_path.stat().st_size, "sha256": _sha256(state_path)}
-        if (tmp / SHARDS_DIR).is_dir():
-            marker["shards"] = {p.name: p.stat().st_size for p in sorted((tmp / SHARDS_DIR).iterdir())}
-        _write_synced(tmp / MARKER, json.dumps(marker).encode())
-        _fsync_dir(tmp)
+        shards = tmp / SHARDS_DIR
+        _write_state(step, state, tmp, {p.name: p.stat().st_size for p in sorted(shards.iterdir())}
+                     if shards.is_dir() else None)
         if final.exists():  # the same step saved again (a resumed attempt reached it once more)
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(self.root)
 
-    def complete(self) -> list[tuple[int, Path]]:
-        """(step, folder) of every checkpoint with its completion marker, newest first."""
+    def complete(self) -> list[tuple[int, Path | str]]:
+        """(step, where) of every checkpoint with its completion marker, newest first: its folder, or its URI."""
+        if self.remote:
+            return self.remote.complete()
         if not self.root.is_dir():
             return []
         found = []
         for path in self.root.iterdir():
-            match = _STEP_DIR.match(path.name)
+            match = STEP_DIR.match(path.name)
             if match and (path / MARKER).is_file():
                 found.append((int(match.group(1)), path))
         return sorted(found, reverse=True)
 
     def load_latest(self, map_location: str | torch.device = "cpu") -> Checkpoint | None:
         """The newest checkpoint that reads back intact, or None; damaged ones are skipped with a warning."""
-        for step, path in self.complete():
+        for step, where in self.complete():
             try:
+                path = self.local_copy(Path(str(where)).name)
                 state = _load_verified(path, map_location)
             except Exception as exc:  # a damaged file must not end the job: an older one may be fine
-                print(f"WARNING: checkpoint {path} is damaged ({type(exc).__name__}: {exc}); "
+                print(f"WARNING: checkpoint {where} is damaged ({type(exc).__name__}: {exc}); "
                       f"falling back to the previous one", flush=True)
                 continue
-            return Checkpoint(step=step, path=path, state=state)
+            return Checkpoint(step=step, path=path, state=state, location=str(where))
         return None
 
     def _prune(self) -> None:
-        for _, path in self.complete()[self.keep:]:
-            shutil.rmtree(path, ignore_errors=True)
+        if self.remote:
+            self.remote.prune(self.keep)
+        else:
+            for _, path in self.complete()[self.keep:]:
+                shutil.rmtree(path, ignore_errors=True)
         for path in self.root.glob(".tmp-step-*"):
             # Temporary folders of writers that died; this process is the only writer of the job now.
             shutil.rmtree(path, ignore_errors=True)
@@ -269,6 +305,21 @@ def load_shards(path: Path, shards: dict[str, Any]) -> None:
     import torch.distributed.checkpoint as dcp
 
     dcp.load(shards, checkpoint_id=str(Path(path) / SHARDS_DIR))
+
+
+def _write_state(step: int, state: dict[str, Any], folder: Path, shards: dict[str, int] | None) -> None:
+    """``state.pt`` into ``folder``, then the marker: its size and sha256, and the shard files' sizes, if any."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state_path = folder / STATE_FILE
+    with open(state_path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    marker = {"step": step, "size": state_path.stat().st_size, "sha256": _sha256(state_path)}
+    if shards is not None:
+        marker["shards"] = shards
+    _write_synced(folder / MARKER, json.dumps(marker).encode())
+    _fsync_dir(folder)
 
 
 def _load_verified(path: Path, map_location) -> dict[str, Any]:

@@ -299,14 +299,17 @@ class _Loop:
         if ctx.is_main:
             found = ctx.checkpoints.load_latest()
             if found and found.state.get("config_digest") != cfg.digest():
-                print(f"WARNING: ignoring checkpoints in {ctx.checkpoints.root}: written with config digest "
+                print(f"WARNING: ignoring checkpoints in {ctx.checkpoints.location}: written with config digest "
                       f"{found.state.get('config_digest')}, this run's is {cfg.digest()}", flush=True)
                 found = None
-        chosen = distributed.broadcast_object(ctx.dist, str(found.path) if found else None)
-        if chosen is None:
+        name = distributed.broadcast_object(ctx.dist, found.path.name if found else None)
+        if name is None:
             return None
-        state = found.state if found else load_state(Path(chosen))
-        load_model_and_optimizer(self.parallel, self.optimizer, Path(chosen), state)
+        # Every rank reads it on its own node: rank 0's copy, or (nodes that share no folder) a download of its own.
+        path = found.path if found else ctx.checkpoints.local_copy(name)
+        chosen = ctx.checkpoints.where(name)
+        state = found.state if found else load_state(path)
+        load_model_and_optimizer(self.parallel, self.optimizer, path, state)
         self.scheduler.load_state_dict(state["scheduler"])
         if state["loader"] is not None:
             self.train_loader.load_state_dict(state["loader"])

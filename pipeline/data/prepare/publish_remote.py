@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pipeline import storage
+from pipeline import deployment, storage
 from pipeline.data.versions.manifest import MANIFEST
 from pipeline.errors import InfraError
 
@@ -42,11 +42,10 @@ class LeaseLost(InfraError):
 
 
 def staging_folder(name: str, version: str) -> Path:
-    """A node-local folder to convert a version in before its upload (``PIPELINE_STAGING_DIR``, default the
-    system's temporary folder); removed after the upload, whatever its end."""
-    root = os.environ.get("PIPELINE_STAGING_DIR") or None
-    if root:
-        Path(root).mkdir(parents=True, exist_ok=True)
+    """A node-local folder to convert a version in before its upload (``deployment.staging_dir``); removed after the
+    upload, whatever its end."""
+    root = deployment.staging_dir()
+    root.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f"{name}-{version}-", dir=root))
 
 
