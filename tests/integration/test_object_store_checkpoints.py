@@ -229,3 +229,30 @@ def test_a_store_down_for_30_s_mid_training_is_waited_out_to_identical_parameter
     assert result["start_step"] == 0  # one attempt: the outage was waited out, not restarted
     assert result["param_digests"] == s3_reference["param_digests"]
     _assert_only_complete_checkpoints_on_the_bucket(s3_job, out, s3_job[3])
+
+
+@pytest.mark.distributed
+def test_sharded_checkpoints_go_to_the_bucket_from_every_rank_and_resume_to_identical_parameters(s3_job, tmp_path):
+    """FSDP: each rank uploads its own shard files, rank 0 the state and the marker once all are in; a resume
+    downloads the shards and reshards them as from a folder."""
+    cfg, dataset, _, env = s3_job
+    cfg = cfg.with_overrides({"train.parallelism": "fsdp", "train.keep_checkpoints": 100})
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(cfg.to_dict()))
+    out, lines = tmp_path / "out", []
+    job = (cfg, dataset, config_path, env)
+    whole = _train(job, out, lines)
+    with environ(env):
+        uri = _checkpoints(cfg, out)
+        saved = CheckpointStore(uri).complete()
+        assert len(saved) > 2
+        step, location = saved[len(saved) // 2]
+        files = storage.sizes(location)
+        assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {k.split("/", 1)[1] for k in files if "/" in k}
+        assert json.loads(storage.read_bytes(f"{location}/{MARKER}"))["shards"] == {
+            k.split("/", 1)[1]: size for k, size in files.items() if k.startswith("shards/")}
+        for _, newer in saved[:len(saved) // 2]:
+            storage.remove(newer)  # as if the job had stopped at ``step``
+    resumed = _train(job, out, lines)
+    assert resumed["start_step"] == step and resumed["resumed_from"] == location
+    assert resumed["param_digests"] == whole["param_digests"]
