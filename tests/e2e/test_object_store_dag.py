@@ -1,7 +1,7 @@
 """The tabular_mlp DAG run by Airflow (dag.test) with its dataset versions on an S3 API server (moto's, on
 127.0.0.1; ``PIPELINE_DATA_DIR=s3://...``): prepare_data publishes there, the real torchrun ranks, the evaluation
 and the registration read it through their node-local caches, and no version is written under the local data
-folder."""
+folder; its checkpoints go to the bucket too (``train.checkpoint_uri``), none to the job folder."""
 
 import json
 from pathlib import Path
@@ -47,7 +47,8 @@ def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(asset
     local_before = set(Path(deployment.home(), "data").rglob("manifest.json"))
     model = "tabular_mlp_on_s3"
     conf = {"input_path": str(demo_parquet), "epochs": 2, "batch_size": 64, "hidden_sizes": [32, 16],
-            "model_name": model, "overrides": {"data.shard_size_limit_bytes": 16384, "registry.experiment": model}}
+            "model_name": model, "overrides": {"data.shard_size_limit_bytes": 16384, "registry.experiment": model,
+                          "train.checkpoint_uri": f"{s3}/checkpoints"}}
     dag_run = run_dag("tabular_mlp", conf)
     assert str(getattr(dag_run.state, "value", dag_run.state)) == "success"
 
@@ -58,7 +59,14 @@ def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(asset
     manifest = storage.read_json(storage.join(uri, "manifest.json"))
     assert summary["dataset"]["version"] == manifest["version"]
     assert set(Path(deployment.home(), "data").rglob("manifest.json")) == local_before  # nothing published locally
-    assert list((tmp_path / "staging").iterdir()) == []
+    assert [p for p in (tmp_path / "staging").rglob("*") if p.is_file()] == []  # versions, checkpoints: all uploaded
+
+    # The checkpoints are on the bucket, under the job's own prefix, each with its marker; none in the job folder.
+    checkpoints = storage.join(f"{s3}/checkpoints", workdir.relative_to(deployment.runs_dir()).as_posix(), "train")
+    saved = storage.sizes(checkpoints)
+    folders = {key.split("/")[0] for key in saved}
+    assert folders and all(name.startswith("step-") and f"{name}/COMPLETE" in saved for name in folders), saved
+    assert not (workdir / "train" / "checkpoints").exists()
 
     # The ranks' node-local cache holds the train split's shards, downloaded and checked.
     cache = workdir / "train" / "cache" / "node-0" / manifest["version"] / "train"
