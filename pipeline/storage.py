@@ -201,8 +201,12 @@ def remove(location: str | Path) -> None:
     fs, path = filesystem(location)
     try:
         fs.rm(path, recursive=True)
-    except FileNotFoundError:
-        pass
+    except FileNotFoundError as exc:  # nothing to remove, unless it is the bucket that is missing
+        error = storage_error(str(location), exc, "removing")
+        if error is not exc:
+            raise error from exc
+    except PermissionError as exc:
+        _raise_for(location, exc, "removing")
 
 
 def modified_age_s(location: str | Path) -> float | None:
@@ -215,6 +219,8 @@ def modified_age_s(location: str | Path) -> float | None:
         info = fs.info(path)
     except FileNotFoundError:
         return None
+    except PermissionError as exc:
+        _raise_for(location, exc, "reading")
     modified = info.get("LastModified") or info.get("mtime") or info.get("created")
     stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
     return time.time() - stamp

@@ -24,7 +24,10 @@ class S3Server:
 
     REGION = "us-east-1"
 
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, *, deny_all: bool = False):
+        # deny_all: moto's IAM checks on from the first request (INITIAL_NO_AUTH_ACTION_COUNT=0), with no user made,
+        # so every request is refused as S3 refuses a key it does not know (403): a store the credentials cannot use.
+        self.deny_all = deny_all
         self.port = free_ports(1)[0]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_dir) / f"s3-server-{self.port}.log"
@@ -39,8 +42,10 @@ class S3Server:
 
     def start(self, timeout_s: float = 60) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = os.environ | ({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if self.deny_all else {})
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=open(self.log_path, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=open(self.log_path, "a"), stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

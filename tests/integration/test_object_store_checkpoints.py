@@ -256,3 +256,58 @@ def test_sharded_checkpoints_go_to_the_bucket_from_every_rank_and_resume_to_iden
     resumed = _train(job, out, lines)
     assert resumed["start_step"] == step and resumed["resumed_from"] == location
     assert resumed["param_digests"] == whole["param_digests"]
+
+
+# A store that refuses these credentials (moto with its IAM checks on and no user made: every request is a 403).
+
+@pytest.fixture(scope="module")
+def refusing_server(pipeline_home):
+    from pipeline.dev.s3_server import S3Server
+
+    server = S3Server(pipeline_home / "logs", deny_all=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def refused(refusing_server, monkeypatch, tmp_path):
+    for key, value in refusing_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    return refusing_server
+
+
+def test_a_checkpoint_the_store_refuses_is_a_user_error_naming_bucket_and_key_at_once(refused, tmp_path, capsys):
+    from pipeline.errors import ConfigError
+
+    store = CheckpointStore("s3://team-bucket/ckpt/job", cache=tmp_path / "node-0")
+    store.save_in_background(10, _state(10))
+    with pytest.raises(ConfigError, match=r"access denied to bucket 'team-bucket', key 'ckpt/job/step-000000010"):
+        store.wait()
+    assert "did not answer" not in capsys.readouterr().out  # not tried again
+    assert [p for p in (tmp_path / "node-0").rglob("*") if p.is_file()] == []
+
+
+def test_a_version_the_store_refuses_is_a_user_error_and_leaves_no_staged_files(refused, demo_parquet, tmp_path):
+    from pipeline.errors import ConfigError
+
+    cfg = tabular_mlp.config("tiny").with_overrides({"data.input_path": str(demo_parquet)})
+    with environ({"PIPELINE_DATA_DIR": "s3://team-bucket/data"}):
+        with pytest.raises(ConfigError, match=r"access denied to bucket 'team-bucket', key 'data/"):
+            stages.prepare_data(cfg, stages.RunInfo("refused", "prep"))
+    assert [p for p in (tmp_path / "staging").rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.distributed
+def test_a_job_whose_store_refuses_its_credentials_fails_once_as_a_user_error(s3_job, refused, tmp_path):
+    """The ranks meet the refusal (their dataset's manifest); the supervisor fails the task without a restart."""
+    from pipeline.errors import RankUserError
+
+    cfg, dataset, config_path, env = s3_job
+    lines: list[str] = []
+    with pytest.raises(RankUserError) as failed:
+        _train(s3_job, tmp_path / "out", lines, env=refused.env(), max_restarts=2)
+    bucket, key = storage.bucket_and_key(dataset.uri)
+    assert f"access denied to bucket '{bucket}', key '{key}" in str(failed.value)
+    assert not any("restarting" in line.lower() for line in lines), lines[-20:]
