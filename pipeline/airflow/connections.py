@@ -1,6 +1,6 @@
-"""Airflow connections the pipeline reads: MLflow's (``PIPELINE_MLFLOW_CONN_ID``, default ``mlflow_default``)
-and the clusters of the Kubernetes and Ray places, handed to the job layer as ``AirflowClusters`` (the job layer
-never looks a connection up itself)."""
+"""Airflow connections the pipeline reads: MLflow's (``PIPELINE_MLFLOW_CONN_ID``, default ``mlflow_default``), the
+object store's (``PIPELINE_STORAGE_CONN_ID``, default ``aws_default``), and the clusters of the Kubernetes and Ray
+places, handed to the job layer as ``AirflowClusters`` (the job layer never looks a connection up itself)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,7 @@ def mlflow_connection():
     Only a connection that does not exist falls back to the environment (or the local default); a
     lookup that fails (the API server or a secrets backend unreachable) is a retryable fault: silently
     using the local store instead would log and register into the wrong place."""
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    conn_id = os.environ.get("PIPELINE_MLFLOW_CONN_ID", "mlflow_default")
-    try:
-        return BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        return None
-    except Exception as exc:
-        raise InfraError(f"looking up the Airflow connection {conn_id!r} for MLflow failed: "
-                         f"{type(exc).__name__}: {exc}") from exc
+    return _connection(os.environ.get("PIPELINE_MLFLOW_CONN_ID", "mlflow_default"), "MLflow")
 
 
 def mlflow_env_from_connection(conn) -> dict[str, str]:
@@ -48,6 +38,45 @@ def mlflow_env_from_connection(conn) -> dict[str, str]:
     return env
 
 
+def storage_connection():
+    """The Airflow connection named by ``PIPELINE_STORAGE_CONN_ID`` (default ``aws_default``: the Amazon provider's
+    own), if any; a failed lookup is a retryable fault, as for MLflow's."""
+    return _connection(os.environ.get("PIPELINE_STORAGE_CONN_ID", "aws_default"), "the object store")
+
+
+def storage_env_from_connection(conn) -> dict[str, str]:
+    """The standard AWS variables from an AWS-type Airflow connection: the key pair (login, password), and from its
+    extra ``aws_session_token``, ``endpoint_url`` (MinIO, another S3 API) and ``region_name``, as the Amazon
+    provider reads them. Every client of the pipeline reads these (``pipeline.storage``), the torchrun ranks by
+    inheritance, never on a command line; the secret parts are masked in task logs."""
+    if conn is None:
+        return {}
+    from airflow.sdk.log import mask_secret
+
+    extra = conn.extra_dejson or {}
+    env = {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
+           "AWS_SESSION_TOKEN": extra.get("aws_session_token"), "AWS_ENDPOINT_URL": extra.get("endpoint_url"),
+           "AWS_DEFAULT_REGION": extra.get("region_name")}
+    for secret in (conn.password, extra.get("aws_session_token")):
+        if secret:
+            mask_secret(secret)
+    return {key: str(value) for key, value in env.items() if value}
+
+
+def _connection(conn_id: str, what: str):
+    """The Airflow connection ``conn_id``, or None when it does not exist; a lookup that fails is an InfraError."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+    except Exception as exc:
+        raise InfraError(f"looking up the Airflow connection {conn_id!r} for {what} failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
 def kubernetes_client(connection_id: str):
     """The official client's ``ApiClient`` for the provider's connection (in-cluster or kube config without one)."""
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
@@ -67,16 +96,9 @@ def ray_connection(connection_id: str) -> tuple[str | None, str | None]:
 
     The address is ``http://host:port`` (the schema or ``https`` in the host is kept; port 8265 by
     default); the token is the password, or ``token`` in the extra."""
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        conn = BaseHook.get_connection(connection_id)
-    except AirflowNotFoundException:
+    conn = _connection(connection_id, "Ray")
+    if conn is None:
         return None, None
-    except Exception as exc:
-        raise InfraError(f"looking up the Airflow connection {connection_id!r} for Ray failed: "
-                         f"{type(exc).__name__}: {exc}") from exc
     token = conn.password or (conn.extra_dejson or {}).get("token") or None
     if not conn.host:
         return None, token

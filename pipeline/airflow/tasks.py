@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from pipeline.airflow.connections import mlflow_connection, mlflow_env_from_connection
+from pipeline.airflow.connections import (
+    mlflow_connection,
+    mlflow_env_from_connection,
+    storage_connection,
+    storage_env_from_connection,
+)
 from pipeline.airflow.operator import TorchrunOperator, user_errors_fail
 from pipeline.config import PipelineConfig
 from pipeline.results import Result, from_xcom_as
@@ -32,13 +37,14 @@ def run_stage(stage: Callable[..., Any], config_from_params: Callable[[dict[str,
 
 
 def task_run(context) -> RunInfo:
-    """The task's DAG run, with MLflow's logging routed into the task log and its connection's settings in
-    the environment (the ranks inherit them), once this process's warm-up has finished importing."""
+    """The task's DAG run, with MLflow's logging routed into the task log and its connection's and the object
+    store's settings in the environment (the ranks inherit them), once this process's warm-up has finished importing."""
     from pipeline.airflow import preload
 
     preload.settled()
     route_mlflow_logging()
     os.environ.update(mlflow_env_from_connection(mlflow_connection()))
+    os.environ.update(storage_env_from_connection(storage_connection()))
     ti = context["ti"]
     return RunInfo(
         dag_id=ti.dag_id, run_id=ti.run_id, try_number=ti.try_number,

@@ -74,6 +74,17 @@ class Attempt:
                 "PIPELINE_RESTART_COUNT": str(self.restart), "PIPELINE_BACKEND": spec.launch.backend}
 
 
+# Variables whose values a place must not store in the cluster's API objects (a Job manifest, a Ray job's
+# runtime_env: both readable by whoever can list them); the cluster provides them itself.
+SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|CREDENTIAL|(^|_)KEY($|_)", re.IGNORECASE)
+
+
+def without_secrets(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """``env`` less the variables that look like secrets (``SECRET_NAME``), and the names of those left out."""
+    left_out = sorted(key for key in env if SECRET_NAME.search(key))
+    return {key: value for key, value in env.items() if key not in left_out}, left_out
+
+
 def resolve(spec: JobSpec) -> JobSpec:
     """``spec`` with what runs settled, before a place is chosen: a toolchain's ranks run through its own
     interpreter and wrapper (``pipeline.toolchains``), in its environment built on this machine (local) or in its

@@ -1,9 +1,16 @@
 """The tabular_mlp DAG run by Airflow (dag.test) with its dataset versions on an S3 API server (moto's, on
 127.0.0.1; ``PIPELINE_DATA_DIR=s3://...``): prepare_data publishes there, the real torchrun ranks, the evaluation
 and the registration read it through their node-local caches, and no version is written under the local data
-folder; its checkpoints go to the bucket too (``train.checkpoint_uri``), none to the job folder."""
+folder; its checkpoints go to the bucket too (``train.checkpoint_uri``), none to the job folder.
+
+The store's endpoint and key pair come only from an Airflow connection (``aws_default``, here from its
+``AIRFLOW_CONN_`` variable; the test's own environment has none): the run succeeding means every task and rank got
+them, and the secret key appears in none of the task logs, XComs, the job folder's files, the MLflow run's params
+and tags, the registered version's tags, nor the Kubernetes manifests and the Ray job request the same train job
+would be sent as."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -38,10 +45,34 @@ def asset_name_free(airflow_db):
     sync_bag_to_db(DagBag(dag_folder=str(deployment.PROJECT_ROOT / "dags")), "dags-folder", None)
 
 
-def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(asset_name_free, demo_parquet, s3, tmp_path,
-                                                                           monkeypatch):
+@pytest.fixture
+def s3_by_connection(s3_server, monkeypatch):
+    """A bucket, and the store's settings only in the ``aws_default`` connection; the environment as it was after
+    (the tasks run in this process, and put the connection's settings in its environment)."""
+    import uuid
+
+    bucket = s3_server.bucket(f"test-{uuid.uuid4().hex[:12]}")
+    before = dict(os.environ)
+    for key in s3_server.env():
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
+        "conn_type": "aws", "login": s3_server.access_key, "password": s3_server.secret_key,
+        "extra": {"endpoint_url": s3_server.endpoint, "region_name": s3_server.REGION}}))
+    yield bucket
+    os.environ.clear()
+    os.environ.update(before)
+
+
+def _containing(secret: str, texts: dict[str, str]) -> list[str]:
+    return [where for where, text in texts.items() if secret in text]
+
+
+def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(asset_name_free, demo_parquet, s3_server,
+                                                                           s3_by_connection, tmp_path, monkeypatch,
+                                                                           capfd):
     from pipeline.registry.tracking import client
 
+    s3 = s3_by_connection
     monkeypatch.setenv("PIPELINE_DATA_DIR", f"{s3}/datasets")
     monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
     local_before = set(Path(deployment.home(), "data").rglob("manifest.json"))
@@ -50,7 +81,10 @@ def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(asset
             "model_name": model, "overrides": {"data.shard_size_limit_bytes": 16384, "registry.experiment": model,
                           "train.checkpoint_uri": f"{s3}/checkpoints"}}
     dag_run = run_dag("tabular_mlp", conf)
+    logs = capfd.readouterr()
     assert str(getattr(dag_run.state, "value", dag_run.state)) == "success"
+    for key, value in s3_server.env().items():  # what the tasks were given, to read the bucket as the test does
+        os.environ[key] = value
 
     workdir = RunInfo("tabular_mlp", dag_run.run_id).workdir
     summary = json.loads((workdir / "summary.json").read_text())
@@ -79,3 +113,58 @@ def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(asset
     run = client().get_run(summary["model"]["mlflow_run_id"])
     sources = [json.loads(d.dataset.source) for d in run.inputs.dataset_inputs]
     assert any(uri in json.dumps(s) for s in sources), sources
+
+    # The secret is nowhere it could be read back.
+    secret = s3_server.secret_key
+    texts = {"task logs": logs.out + logs.err}
+    assert "checkpoint step" in texts["task logs"]  # the ranks' lines are in what was captured
+    airflow_logs = Path(os.environ.get("AIRFLOW_HOME", deployment.home() / "airflow"), "logs")
+    texts |= {str(p): p.read_text(errors="replace") for p in airflow_logs.rglob("*") if p.is_file()}
+    texts |= {str(p): p.read_bytes().decode(errors="replace") for p in workdir.rglob("*") if p.is_file()}
+    texts |= {f"xcom {task}": json.dumps(value, default=str) for task, value in _xcoms(dag_run.run_id).items()}
+    texts["mlflow params and tags"] = json.dumps([run.data.params, run.data.tags])
+    version = client().get_model_version(model, summary["model"]["version"])
+    texts["model version tags"] = json.dumps(version.tags)
+    texts |= _rendered_elsewhere(_xcoms(dag_run.run_id)["prepare_data/return_value"], dag_run.run_id, conf)
+    assert _containing(secret, texts) == []
+
+
+def _xcoms(run_id: str) -> dict:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(select(XComModel).where(XComModel.run_id == run_id)).all()
+        return {f"{row.task_id}/{row.key}": XComModel.deserialize_value(row) for row in rows}
+
+
+def _rendered_elsewhere(prepared: dict, run_id: str, conf: dict) -> dict[str, str]:
+    """The Kubernetes manifests and the Ray job request of the same train job, rendered while this process's
+    environment holds the connection's settings (as the train task's does)."""
+    from kubernetes.client import ApiClient
+
+    from pipeline.airflow.connections import storage_connection, storage_env_from_connection
+    from pipeline.results import PreparedData
+    from pipeline.job.kubernetes.place import manifests_for
+    from pipeline.job.ray.place import job_request
+    from pipeline.job.spec import Attempt
+    from pipeline.recipes import tabular_mlp
+    from pipeline.stages.training import train_job
+
+    os.environ.update(storage_env_from_connection(storage_connection()))
+    cfg = tabular_mlp.config("tiny").with_overrides({"train.checkpoint_uri": conf["overrides"]["train.checkpoint_uri"]})
+    dataset = PreparedData.from_xcom(prepared)
+    run = RunInfo("tabular_mlp", run_id)
+    rendered = {}
+    for kind in ("kubernetes", "ray"):
+        place = {"launch.kind": kind} | ({"launch.kubernetes.volumes": [f"pipeline-runs:{deployment.runs_dir()}"]}
+                                         if kind == "kubernetes" else {})
+        spec = train_job(cfg.with_overrides(place | {"registry.experiment": "tabular_mlp_rendered"}), run, dataset)
+        attempt = Attempt(spec, 0)
+        if kind == "kubernetes":
+            manifests = manifests_for(attempt)
+            rendered[kind] = json.dumps(ApiClient().sanitize_for_serialization([manifests.job, manifests.service]))
+        else:
+            rendered[kind] = json.dumps(job_request(attempt, local=False))
+    return rendered

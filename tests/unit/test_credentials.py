@@ -50,3 +50,17 @@ def test_a_failing_connection_lookup_is_a_retryable_fault_not_a_silent_fallback(
 
     monkeypatch.setattr(BaseHook, "get_connection", missing)
     assert _mlflow_connection() is None  # no such connection: the environment (or the local default) is used
+
+
+def test_an_aws_connection_becomes_the_standard_aws_environment():
+    from pipeline.airflow.connections import storage_env_from_connection
+
+    conn = Connection(conn_id="aws_default", conn_type="aws", login="AKIAEXAMPLE", password="wJalr-secret",
+                      extra='{"endpoint_url": "http://minio:9000", "region_name": "eu-west-1", '
+                            '"aws_session_token": "session-tok"}')
+    assert storage_env_from_connection(conn) == {
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalr-secret", "AWS_SESSION_TOKEN": "session-tok",
+        "AWS_ENDPOINT_URL": "http://minio:9000", "AWS_DEFAULT_REGION": "eu-west-1"}
+    # Only what the connection holds: a role's connection with no keys leaves the environment's (or the role's).
+    assert storage_env_from_connection(Connection(conn_id="aws_default", conn_type="aws")) == {}
+    assert storage_env_from_connection(None) == {}

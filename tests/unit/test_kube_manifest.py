@@ -203,3 +203,18 @@ def test_an_elastic_job_asks_torchrun_for_a_range_of_nodes_and_kubernetes_refuse
     assert "--nnodes=2:4" in elastic and "--nnodes=4" in fixed
     with pytest.raises(ConfigError, match="launch.min_nnodes=1: the Kubernetes place runs an indexed Job"):
         check(launch_config({"kind": "kubernetes", "nnodes": 2, "min_nnodes": 1}), str(tmp_path))
+
+
+def test_secrets_in_the_ranks_environment_never_reach_the_manifest_and_are_named_in_the_log(caplog):
+    import dataclasses
+
+    spec = every_setting()
+    spec = dataclasses.replace(spec, env={**spec.env, "AWS_SECRET_ACCESS_KEY": "wJalr-secret",
+                                          "MLFLOW_TRACKING_PASSWORD": "mlflow-secret", "AWS_ENDPOINT_URL": "http://minio:9000"})
+    with caplog.at_level("WARNING"):
+        m = manifests_for(Attempt(spec, 0))
+    rendered = json.dumps([serialize(m.job), serialize(m.service)])
+    assert "wJalr-secret" not in rendered and "mlflow-secret" not in rendered
+    assert "http://minio:9000" in rendered  # the rest of the environment is the pods'
+    assert "AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_PASSWORD" in caplog.text  # by name only
+    assert "wJalr-secret" not in caplog.text and "mlflow-secret" not in caplog.text

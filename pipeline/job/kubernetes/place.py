@@ -25,9 +25,8 @@ from pipeline.job import orphan_guard
 from pipeline.job.kubernetes.manifest import CONTAINER, Manifests, build
 from pipeline.job.kubernetes.state import is_started, node_of, verdict
 from pipeline.job.places import Clusters
-from pipeline.job.spec import JobSpec
 from pipeline.job.policy import Ended
-from pipeline.job.spec import Attempt
+from pipeline.job.spec import Attempt, JobSpec, without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +37,14 @@ SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 def manifests_for(attempt: Attempt) -> Manifests:
     """The Job and Service of one attempt (``pipeline.job.spec.Attempt``): the ranks' environment
-    every place gives them; names unique per DAG run, task, try and restart."""
+    every place gives them, less what looks like a secret (``without_secrets``: the Secrets of
+    ``launch.kubernetes.env_from_secrets`` give those); names unique per DAG run, task, try and restart."""
     spec = attempt.spec
-    return build(name=attempt.id, entry=list(spec.entry), launch=spec.launch, env=attempt.env(),
+    env, left_out = without_secrets(attempt.env())
+    if left_out:
+        log.warning("left out of the pods' environment, stored in the Job's manifest: %s; the pods read secrets from "
+                    "the Kubernetes Secrets of launch.kubernetes.env_from_secrets", ", ".join(left_out))
+    return build(name=attempt.id, entry=list(spec.entry), launch=spec.launch, env=env,
                  labels={**spec.labels, "restart": str(attempt.restart)}, log_dir=str(attempt.log_dir),
                  job_dir=str(spec.files.root), no_python=spec.no_python)
 

@@ -37,9 +37,8 @@ from pipeline.errors import ConfigError
 from pipeline.job import orphan_guard
 from pipeline.job.places import Clusters
 from pipeline.job.ray.cluster import LocalCluster, cluster_state, jobs_client
-from pipeline.job.spec import JobSpec
 from pipeline.job.policy import Ended
-from pipeline.job.spec import Attempt
+from pipeline.job.spec import Attempt, JobSpec, without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +46,7 @@ POLL_S = 1.0
 STOP_TIMEOUT_S = 60.0
 RAY_MONITOR_PERIOD_S = 2.0  # twice the period of Ray's job monitor (JobManager.JOB_MONITOR_LOOP_PERIOD_S)
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
-# Never sent in a job's runtime_env (it is stored with the job and shown by the dashboard).
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|CREDENTIAL|(^|_)KEY($|_)", re.IGNORECASE)
 
 
 def cluster_of(spec: JobSpec, clusters: Clusters) -> tuple[str | None, str | None]:
@@ -71,7 +68,7 @@ def run_name(spec: JobSpec) -> str:
 def job_request(attempt: Attempt, *, local: bool) -> dict[str, Any]:
     """The Jobs API's ``submit_job`` arguments for one attempt."""
     spec = attempt.spec
-    env = {k: v for k, v in attempt.env().items() if not SECRET_NAME.search(k)}
+    env, _ = without_secrets(attempt.env())  # runtime_env is stored with the job and shown by the dashboard
     env["RAY_DEDUP_LOGS"] = "0"  # the ranks' lines differ only in their rank: none may be folded away
     env["RAY_TRAIN_ENABLE_PRINT_PATCH"] = "0"  # print() stays print(): once per line, with the rank's prefix
     env["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = f"{spec.launch.ray.worker_start_timeout_s:g}"  # read by the controller
