@@ -305,10 +305,8 @@ class _Loop:
         name = distributed.broadcast_object(ctx.dist, found.path.name if found else None)
         if name is None:
             return None
-        # Every rank reads it on its own node: rank 0's copy, or (nodes that share no folder) a download of its own.
-        path = found.path if found else ctx.checkpoints.local_copy(name)
-        chosen = ctx.checkpoints.where(name)
-        state = found.state if found else load_state(path)
+        path = found.path if found else ctx.checkpoints.local_copy(name)  # on this node: a download on an object store
+        state, chosen = (found.state if found else load_state(path)), ctx.checkpoints.where(name)
         load_model_and_optimizer(self.parallel, self.optimizer, path, state)
         self.scheduler.load_state_dict(state["scheduler"])
         if state["loader"] is not None:
