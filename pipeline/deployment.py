@@ -47,6 +47,24 @@ def staging_dir() -> Path:
     return Path(os.environ.get("PIPELINE_STAGING_DIR") or tempfile.gettempdir())
 
 
+def job_store() -> str | None:
+    """Where the job folders meet when a job's nodes share no folder (``PIPELINE_JOB_STORE``, an object-store prefix
+    such as ``s3://bucket/jobs``; unset: the runs folder is on storage every node mounts). ``pipeline.job.mirror``."""
+    return os.environ.get("PIPELINE_JOB_STORE") or None
+
+
+def job_key(job_dir: Path | str) -> str:
+    """A job's name on an object store, the same on every try: its folder's path under the runs folder
+    (``DAG/RUN/TASK``), or for a folder elsewhere its name and a digest of its path."""
+    import hashlib
+
+    job_dir = Path(job_dir).resolve()
+    try:
+        return job_dir.relative_to(runs_dir()).as_posix()
+    except ValueError:
+        return f"{job_dir.name}-{hashlib.sha256(str(job_dir).encode()).hexdigest()[:8]}"
+
+
 def retry_delay_s() -> float:
     """Wait before an Airflow retry of a failed task (``PIPELINE_RETRY_DELAY_S``, default 30)."""
     return float(os.environ.get("PIPELINE_RETRY_DELAY_S", 30))

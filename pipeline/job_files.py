@@ -49,6 +49,7 @@ CHECKPOINT_DIR_ENV = "PIPELINE_CHECKPOINT_DIR"
 RESULT_FILE_ENV = "PIPELINE_RESULT_FILE"
 PROGRESS_DIR_ENV = "PIPELINE_PROGRESS_DIR"
 ERROR_DIR_ENV = "PIPELINE_ERROR_DIR"
+JOB_STORE_ENV = "PIPELINE_JOB_STORE_URI"  # the job folder's copy on an object store, when nodes share none
 DUMP_SIGNAL = signal.SIGUSR1  # the supervisor sends it to every rank before stopping a stalled job
 # EX_TEMPFAIL from sysexits.h: "try again later", which is what a preempted attempt asks for.
 PREEMPTED_EXIT_CODE = 75

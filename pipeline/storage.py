@@ -99,6 +99,12 @@ def read_json(location: str | Path) -> Any:
 def sizes(location: str | Path) -> dict[str, int]:
     """Every file under ``location`` (recursively) by its path relative to it, with its size in bytes: one listing
     request per thousand objects on S3."""
+    return {path: size for path, (size, _) in stamps(location).items()}
+
+
+def stamps(location: str | Path) -> dict[str, tuple[int, str]]:
+    """``sizes``, each with what changes when the file is written again (its ETag on S3, else its modification
+    time): (size, stamp) by relative path, one listing."""
     fs, root = filesystem(location)
     root = root.rstrip("/")
     try:
@@ -108,8 +114,8 @@ def sizes(location: str | Path) -> dict[str, int]:
         if error is exc and isinstance(exc, FileNotFoundError):
             return {}
         raise error from exc
-    return {path[len(root) + 1:]: int(info.get("size") or 0) for path, info in found.items()
-            if info.get("type", "file") == "file"}
+    return {path[len(root) + 1:]: (int(info.get("size") or 0), str(info.get("ETag") or info.get("mtime") or ""))
+            for path, info in found.items() if info.get("type", "file") == "file"}
 
 
 def listing(location: str | Path) -> list[str]:
@@ -156,6 +162,30 @@ def upload(local: Path, location: str, *, last: str | None = None,
             fs.put_file(str(Path(local) / last), f"{root}/{last}")
     except (FileNotFoundError, PermissionError) as exc:
         raise storage_error(location, exc, "uploading to") from exc
+
+
+def upload_file(local: Path, location: str) -> None:
+    """Copy the file ``local`` to ``location`` (replacing what is there), streamed from disk."""
+    fs, path = filesystem(location)
+    try:
+        fs.put_file(str(local), path)
+    except (FileNotFoundError, PermissionError) as exc:
+        _raise_for(location, exc, "uploading to")
+
+
+def download_file(location: str, local: Path) -> None:
+    """Copy the file at ``location`` to ``local``, replaced whole: written beside it, then renamed."""
+    fs, path = filesystem(location)
+    local = Path(local)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local.with_name(f".{local.name}.download")
+    try:
+        fs.get_file(path, str(tmp))
+        os.replace(tmp, local)
+    except PermissionError as exc:
+        _raise_for(location, exc, "downloading")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def download(location: str, local: Path) -> None:

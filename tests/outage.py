@@ -1,6 +1,7 @@
-"""A TCP relay in front of a server, which a test can take down and bring back: while down, the relay's port refuses
-connections and the ones open are cut, as when a server is stopped, while the server behind it keeps its state
-(moto's S3 server keeps its objects in memory: a restart would lose them)."""
+"""A TCP relay in front of a server on 127.0.0.1, which a test can take down and bring back: while down, the relay's
+port refuses connections and the ones open are cut, as when a server is stopped, while the server behind it keeps its
+state (moto's S3 server keeps its objects in memory: a restart would lose them). On another ``host`` address it
+also makes the server reachable from network namespaces (``tests.netns.PodNetwork``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from pipeline.network import free_ports
 
 
 class Relay:
-    def __init__(self, target_port: int):
-        self.target_port = target_port
+    def __init__(self, target_port: int, host: str = "127.0.0.1"):
+        self.target_port, self.host = target_port, host
         self.port = free_ports(1)[0]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"http://{host}:{self.port}"
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -25,7 +26,7 @@ class Relay:
     def up(self) -> None:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.host, self.port))
         listener.listen(64)
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()

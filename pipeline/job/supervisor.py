@@ -19,6 +19,8 @@ A place only starts, polls and stops one attempt (``pipeline.job.places.Place``)
   recorded when it ends, the run's at the end (``pipeline.job.cost``); ``run_figures`` reads them back;
 - pruning: a ``pruner`` (a sweep's, ``pipeline.sweep.pruning``) asked on every poll; a reason it returns stops the
   job as ``pruned`` (``TrainingPruned``: not a failure, never restarted);
+- nodes that share no folder (``PIPELINE_JOB_STORE``): the job folder's copy on the object store is pulled as the
+  job is polled and after each attempt (``pipeline.job.mirror``);
 - teardown: whatever ends an attempt (its end, a timeout, a stall, ``stop()`` from any thread, SIGTERM
   or SIGINT of the task process), the place's ``stop`` has run before the attempt returns.
 
@@ -35,6 +37,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.job.mirror import JobStore
 from pipeline.job.places import Clusters, Place, place_for
 from pipeline.job.policy import STOPPED, Decision, Ended, Findings, decide
 from pipeline.job.spec import Attempt, JobSpec, resolve
@@ -88,6 +91,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.telemetry = telemetry_of(spec)
+        self.store = JobStore.for_job(spec.job_dir, spec.launch.kind)  # nodes that share no folder: its copy
 
     def run(self, emit: Emit | None = None) -> dict[str, Any] | None:
         """Rank 0's result, with ``unsent_metrics`` where the job has an MLflow run to relay its metrics to."""
@@ -126,6 +130,8 @@ class Supervisor:
         if self._stopped.is_set():
             return decide(Ended("stopped", STOPPED), Findings(), restart=attempt.restart, max_restarts=0)
         self.spec.files.begin_attempt(attempt.restart)
+        if self.store:
+            self.store.begin_attempt(self.spec.files)
         self._tail.clear()
         self.telemetry.new_attempt()
         started, end = time.time(), Ended("failed", "the attempt did not start")
@@ -134,6 +140,8 @@ class Supervisor:
             end = self._wait(emit)
         finally:
             self.place.stop(self.spec.launch.grace_period_s)  # whatever ended the wait, nothing outlives it
+            if self.store:
+                self.store.pull(self.spec.files, now=True)  # what the nodes wrote last: result, errors, marker
             beats = read_heartbeats(self.spec.files.progress)
             for line in self.telemetry.update(beats):  # the last windows
                 emit(line)
@@ -154,6 +162,8 @@ class Supervisor:
                 return end
             if self._stopped.is_set():
                 return Ended("stopped", STOPPED)
+            if self.store:
+                self.store.pull(self.spec.files)
             verdict = watchdog.check(time.monotonic())
             for line in self.telemetry.update(watchdog.beats):
                 emit(line)

@@ -6,14 +6,14 @@ uses them directly; framework trainers reach them through callbacks (``pipeline.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from pipeline import deployment, storage
 from pipeline.diskspace import write_atomically
-from pipeline.job_files import Heartbeat, JobFiles, MetricsSink
+from pipeline.job_files import JOB_STORE_ENV, Heartbeat, JobFiles, MetricsSink
 from pipeline.train import distributed
 from pipeline.train.checkpoint import CheckpointStore
 
@@ -51,14 +51,10 @@ class RunContext:
 
 
 def checkpoint_location(uri: str, job_dir: Path) -> Path | str:
-    """Where the checkpoints of the job in ``job_dir`` live: its ``checkpoints/`` without ``uri``; else its own
-    prefix under ``uri``, the job folder's path under the runs folder (``DAG/RUN/TASK``: the same on every try), or
-    for a job folder elsewhere its name and a digest of its path."""
-    if not uri:
-        return JobFiles(job_dir).checkpoints
-    job_dir = Path(job_dir).resolve()
-    try:
-        key = job_dir.relative_to(deployment.runs_dir()).as_posix()
-    except ValueError:
-        key = f"{job_dir.name}-{hashlib.sha256(str(job_dir).encode()).hexdigest()[:8]}"
-    return storage.join(uri, key)
+    """Where the checkpoints of the job in ``job_dir`` live: under ``uri``, the job's own prefix
+    (``deployment.job_key``); without one, the job folder's ``checkpoints/``, on the object store with it when the
+    job's nodes share no folder (``pipeline.job.mirror``: the supervisor exports where)."""
+    if uri:
+        return storage.join(uri, deployment.job_key(job_dir))
+    store = os.environ.get(JOB_STORE_ENV)
+    return storage.join(store, "checkpoints") if store else JobFiles(job_dir).checkpoints

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pipeline.job.kubernetes.place import manifests_for
 from pipeline.job.spec import Attempt, JobSpec, launch_config
 from tests.jobs import run_torchrun
 from tests.kube_standin import rendered_pod
+from tests.netns import Namespaces
 
 pytestmark = pytest.mark.distributed
 
@@ -62,48 +62,6 @@ SCRIPT = textwrap.dedent("""
 
 def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, **kwargs)
-
-
-class Namespaces:
-    """Two network namespaces, a veth pair between them, and per-namespace /etc/hosts files."""
-
-    def __init__(self, tag: str):
-        self.names = [f"kpod{tag}a", f"kpod{tag}b"]
-        self.ips = ["10.231.7.1", "10.231.7.2"]
-
-    def create(self, hosts: list[str]) -> bool:
-        a, b = self.names
-        steps = [["ip", "netns", "add", a], ["ip", "netns", "add", b],
-                 ["ip", "link", "add", f"{a}v", "type", "veth", "peer", "name", f"{b}v"],
-                 ["ip", "link", "set", f"{a}v", "netns", a], ["ip", "link", "set", f"{b}v", "netns", b]]
-        for ns, dev, ip in ((a, f"{a}v", self.ips[0]), (b, f"{b}v", self.ips[1])):
-            steps += [["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev], ["ip", "-n", ns, "link", "set", dev, "up"],
-                      ["ip", "-n", ns, "link", "set", "lo", "up"]]
-        for step in steps:
-            if shutil.which(step[0]) is None or _run(step).returncode != 0:
-                self.remove()
-                return False
-        try:
-            for ns, text in zip(self.names, hosts):
-                folder = Path("/etc/netns") / ns
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / "hosts").write_text(text)
-                # No DNS server in the namespace: lookups of other names fail at once instead of timing out.
-                (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-        except OSError:
-            self.remove()
-            return False
-        return True
-
-    def wrap(self, index: int, hostname: str, command: list[str]) -> list[str]:
-        """Run ``command`` in namespace ``index`` with its own hostname, as a pod's container runs."""
-        return ["ip", "netns", "exec", self.names[index], "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', hostname, *command]
-
-    def remove(self) -> None:
-        for ns in self.names:
-            _run(["ip", "netns", "del", ns])
-            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
 
 
 def _free_port() -> int:

@@ -27,6 +27,7 @@ LABEL_PREFIX = "pipeline.ddp/"
 JOB_LABEL = LABEL_PREFIX + "job"
 CONTAINER = "torchrun"
 SHM_VOLUME = "dshm"
+JOB_FOLDER_VOLUME = "job-folder"  # a pod's own job folder, when the job folder's copy is on an object store
 
 
 @dataclass(frozen=True)
@@ -62,19 +63,26 @@ def label_value(text: str) -> str:
 
 
 def build(*, name: str, entry: list[str], launch: LaunchConfig, env: dict[str, str], labels: dict[str, str],
-          log_dir: str, job_dir: str, no_python: bool = False) -> Manifests:
+          log_dir: str, job_dir: str, no_python: bool = False, store: str | None = None) -> Manifests:
     """The Job and Service of one attempt. ``env``: the ranks' environment (the job folder's
-    ``PIPELINE_*`` paths, MLflow's URI and run id); secrets go by reference (``env_from_secrets``)."""
+    ``PIPELINE_*`` paths, MLflow's URI and run id); secrets go by reference (``env_from_secrets``).
+    ``store``: the job folder's copy on an object store (``pipeline.job.mirror``): each pod then runs torchrun under
+    the mirror's agent, in a job folder of its own (an emptyDir at the same path), and needs no shared volume."""
+    from pipeline.job.mirror import agent_command
+
     kube = launch.kubernetes
-    check(launch, job_dir)
+    check(launch, job_dir, shared=store is None)
     service_name = name
     meta_labels, annotations = object_labels(name, labels)
     torchrun = ["python", "-m", "torch.distributed.run", "--tee=3", f"--log-dir={log_dir}/node-$(PET_NODE_RANK)",
                 *(["--no-python"] if no_python else []), *entry]
     container = node_container(
-        launch, name=CONTAINER, command=torchrun, env=pod_env(name, service_name, launch, env),
-        ports=[k8s.V1ContainerPort(container_port=kube.master_port, name="rdzv")])
+        launch, name=CONTAINER, command=agent_command(store, job_dir, "$(PET_NODE_RANK)", torchrun) if store else torchrun,
+        env=pod_env(name, service_name, launch, env), ports=[k8s.V1ContainerPort(container_port=kube.master_port, name="rdzv")])
     pod = node_pod_spec(launch, [container], restart_policy="Never", subdomain=service_name)
+    if store:
+        container.volume_mounts.append(k8s.V1VolumeMount(name=JOB_FOLDER_VOLUME, mount_path=job_dir))
+        pod.volumes.append(k8s.V1Volume(name=JOB_FOLDER_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource()))
     job_labels = dict(meta_labels)
     if kube.queue_name:
         job_labels["kueue.x-k8s.io/queue-name"] = kube.queue_name
@@ -162,13 +170,14 @@ def pod_env(name: str, service_name: str, launch: LaunchConfig, env: dict[str, s
         k8s.V1EnvVar(name=key, value=value) for key, value in sorted(values.items())]
 
 
-def check(launch: LaunchConfig, job_dir: str) -> None:
-    """Refuse what would fail in the cluster: the job folder must be on a mounted volume."""
+def check(launch: LaunchConfig, job_dir: str, *, shared: bool = True) -> None:
+    """Refuse what would fail in the cluster: a ``shared`` job folder must be on a mounted volume."""
     kube = launch.kubernetes
     if launch.min_nnodes:
         raise ConfigError(f"launch.min_nnodes={launch.min_nnodes}: the Kubernetes place runs an indexed Job of exactly "
                           f"launch.nnodes pods; elastic jobs run on the local place or on Ray")
-    check_job_folder(kube, job_dir)
+    if shared:
+        check_job_folder(kube, job_dir)
 
 
 def check_job_folder(kube: KubernetesConfig, job_dir: str) -> None:
@@ -181,7 +190,8 @@ def check_job_folder(kube: KubernetesConfig, job_dir: str) -> None:
         raise ConfigError(
             f"launch.kubernetes.volumes={kube.volumes!r}: the job folder {job_dir} must lie on a volume mounted "
             f"in the pods at the same path (CLAIM:MOUNT_PATH, the claim the Airflow workers mount there too), "
-            f"so that every pod reads its config and writes checkpoints and rank 0's result where the task reads them")
+            f"so that every pod reads its config and writes checkpoints and rank 0's result where the task reads them; "
+            f"or PIPELINE_JOB_STORE=s3://bucket/prefix, where the job folder's copy lets pods share no volume")
 
 
 def _resources(launch: LaunchConfig) -> k8s.V1ResourceRequirements:

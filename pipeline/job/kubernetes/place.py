@@ -26,6 +26,7 @@ from pipeline.job.kubernetes.manifest import CONTAINER, Manifests, build
 from pipeline.job.kubernetes.state import is_started, node_of, verdict
 from pipeline.job.places import Clusters
 from pipeline.job.policy import Ended
+from pipeline.job.mirror import JobStore
 from pipeline.job.spec import Attempt, JobSpec, without_secrets
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def manifests_for(attempt: Attempt) -> Manifests:
     if left_out:
         log.warning("left out of the pods' environment, stored in the Job's manifest: %s; the pods read secrets from "
                     "the Kubernetes Secrets of launch.kubernetes.env_from_secrets", ", ".join(left_out))
-    return build(name=attempt.id, entry=list(spec.entry), launch=spec.launch, env=env,
+    store = JobStore.for_job(spec.job_dir, spec.launch.kind)
+    return build(name=attempt.id, entry=list(spec.entry), launch=spec.launch, env=env, store=store and store.uri,
                  labels={**spec.labels, "restart": str(attempt.restart)}, log_dir=str(attempt.log_dir),
                  job_dir=str(spec.files.root), no_python=spec.no_python)
 

@@ -1,0 +1,153 @@
+"""A two-node training job whose nodes share no folder: the recipe's real train job on the Kubernetes place,
+supervised as the train task does (``Job``), with its data, its job folder's copy and its checkpoints on an S3 API
+server (moto's) and no volume in its pods.
+
+No cluster runs here: the stand-in API server plays the cluster, and its scenario runs each pod's rendered command
+(the mirror's agent around torchrun, ``pipeline.job.mirror``) and environment (plus what the pods' Kubernetes
+Secret would add: the store's endpoint and keys) as a real process, in a network namespace of its own (the pods on
+one bridge, the S3 server reached at the bridge's address) and a mount namespace in which ``/tmp`` (the test's
+folders, the supervisor's job folder, the runs folder) and ``/dev/shm`` are empty tmpfs of its own. So the config
+reaches the ranks, and heartbeats, metrics, checkpoints and the result reach the supervisor, through the bucket
+only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipeline import deployment, stages, storage
+from pipeline.job.kubernetes import place as kube
+from pipeline.job.kubernetes.manifest import Manifests, deserialize
+from pipeline.recipes import tabular_mlp
+from pipeline.train.checkpoint import CheckpointStore
+from tests.kube_standin import StandinCluster, rendered_pod
+from tests.netns import PodNetwork
+from tests.outage import Relay
+
+pytestmark = pytest.mark.distributed
+
+CONN = "k8s_private_nodes"
+
+
+def _pods_run_privately(network: PodNetwork, secret_env: dict[str, str], outputs: dict[str, list[str]]):
+    """The cluster's part: each pod of a Job runs its rendered command as a process in its namespaces; its lines
+    are its log, its exit code its phase; the Job completes when every pod succeeded."""
+
+    def scenario(cluster: StandinCluster, job: dict) -> None:
+        keys = cluster.make_pods(job)
+        manifests = Manifests(job=deserialize(job, "V1Job"), service=None)
+        name = job["metadata"]["name"]  # the headless Service's name too: pod i is NAME-i.NAME
+        network.set_hosts({i: [f"{name}-{i}.{name}", f"{name}-{i}"] for i in range(len(keys))})
+        processes = []
+        for index, key in enumerate(keys):
+            command, env = rendered_pod(manifests, index)
+            assert command[0] == "python"  # the image's interpreter; this machine's here
+            image_path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # its python first
+            env = {"PATH": image_path, "HOME": "/tmp", "LANG": "C.UTF-8", **env, **secret_env}
+            hostname = f"{name}-{index}"
+            argv = network.wrap(index, hostname, ["/tmp"], [sys.executable, *command[1:]])
+            processes.append(subprocess.Popen(argv, env=env, cwd=deployment.PROJECT_ROOT, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
+            cluster.set_pod(key, "Running")
+            outputs[key] = []
+
+        def relay_log(key, process) -> None:
+            for line in process.stdout:
+                outputs[key].append(line.rstrip("\n"))
+                cluster.log(key, line.rstrip("\n"))
+
+        readers = [threading.Thread(target=relay_log, args=(k, p), daemon=True) for k, p in zip(keys, processes)]
+        for reader in readers:
+            reader.start()
+        try:
+            while cluster.alive(job) and any(p.poll() is None for p in processes):
+                cluster.wait_for(lambda: not cluster.alive(job), 0.5)
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+            for reader in readers:
+                reader.join(timeout=5)
+        codes = [p.returncode for p in processes]
+        for key, code in zip(keys, codes):
+            cluster.set_pod(key, "Succeeded" if code == 0 else "Failed", exit_code=code)
+        if cluster.alive(job):
+            failed = any(codes)
+            cluster.end_job(job, "Failed" if failed else "Complete", "BackoffLimitExceeded" if failed else "", "")
+
+    return scenario
+
+
+@pytest.fixture
+def pod_network():
+    if os.geteuid() != 0:
+        pytest.skip("private mounts and network namespaces need root")
+    network = PodNetwork(uuid.uuid4().hex[:6])
+    if not network.create():
+        pytest.skip("network namespaces could not be created here (iproute2, CAP_NET_ADMIN)")
+    yield network
+    network.remove()
+
+
+def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3_server, s3, pod_network,
+                                                                               demo_parquet, monkeypatch, tmp_path):
+    from pipeline.job.supervisor import Job
+    from pipeline.airflow.connections import AirflowClusters
+
+    monkeypatch.setattr(kube, "POLL_S", 0.2)
+    monkeypatch.setattr(kube.KubernetesPlace, "poll_s", 0.2)
+    monkeypatch.setenv("PIPELINE_DATA_DIR", f"{s3}/datasets")
+    monkeypatch.setenv("PIPELINE_JOB_STORE", f"{s3}/jobs")
+    monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    relay = Relay(s3_server.port, host=pod_network.host_ip)  # the store, as the pods reach it
+    secret_env = s3_server.env() | {"AWS_ENDPOINT_URL": relay.endpoint}
+    outputs: dict[str, list[str]] = {}
+    cluster = StandinCluster(_pods_run_privately(pod_network, secret_env, outputs)).__enter__()
+    for key, value in cluster.connection_env(CONN).items():
+        monkeypatch.setenv(key, value)
+    try:
+        cfg = tabular_mlp.config("tiny").with_overrides({
+            "data.input_path": str(demo_parquet), "train.epochs": 2, "train.batch_size": 32,
+            "train.checkpoint_every_steps": 20, "train.log_every_steps": 5,
+            "launch.kind": "kubernetes", "launch.nnodes": 2, "launch.nproc_per_node": 1, "launch.backend": "gloo",
+            "launch.grace_period_s": 3, "launch.kubernetes.connection_id": CONN,
+            "launch.kubernetes.schedule_timeout_s": 60})
+        run = stages.RunInfo("private_nodes", f"run-{uuid.uuid4().hex[:6]}")
+        dataset = stages.prepare_data(cfg, run)
+        assert dataset.uri.startswith(f"{s3}/datasets/")
+        spec = stages.train_job(cfg, run, dataset)
+        lines: list[str] = []
+        result = Job(spec, clusters=AirflowClusters(), metrics_flush_timeout_s=30).run(lines.append)
+    finally:
+        cluster.__exit__()
+        relay.down()
+    everything = "\n".join(lines) + "\n" + "\n".join(line for out in outputs.values() for line in out)
+    assert result is not None, everything[-4000:]
+    files = spec.files
+    pod = cluster.created_jobs[-1]["spec"]["template"]["spec"]
+    assert not any(v.get("persistentVolumeClaim") for v in pod["volumes"])  # no volume shared by the pods
+
+    # The result, the heartbeats of both ranks and rank 0's metrics reached the supervisor's folder from the bucket.
+    assert result["world_size"] == 2 and result["steps"] > 0
+    assert json.loads(files.result.read_text()) == {k: v for k, v in result.items() if k != "unsent_metrics"}
+    assert sorted(p.name for p in files.progress.glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
+    assert any("step_loss" in line for line in files.metrics.read_text().splitlines())
+    store = f"{s3}/jobs/{deployment.job_key(files.root)}"
+    assert "config.json" in storage.sizes(f"{store}/in")
+    # What the pods wrote in their own folders never appeared in this one: torchrun's logs stayed in the pods.
+    assert not list(files.root.glob("logs-try*/torchrun-*/node-*"))
+    # The checkpoints are on the bucket, under the job's copy: complete ones, none in the job folder.
+    saved = CheckpointStore(f"{store}/checkpoints").complete()
+    assert saved and saved[0][0] == result["steps"]
+    assert not files.checkpoints.exists()
+    # Both nodes ran their ranks on hosts of their own.
+    assert {json.loads((files.progress / f"rank-{r}.json").read_text())["host"] for r in (0, 1)} == {
+        f"{cluster.created_jobs[-1]['metadata']['name']}-{i}" for i in (0, 1)}
