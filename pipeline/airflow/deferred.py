@@ -18,6 +18,7 @@ from pipeline.job.places import deferrable_place
 from pipeline.job.policy import Ended, Findings, decide
 from pipeline.job.spec import Attempt, JobSpec
 from pipeline.job import cost
+from pipeline.job.mirror import JobStore
 from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S, figure_lines, restarts_allowed, run_figures
 from pipeline.job_files import read_heartbeats
 
@@ -28,6 +29,9 @@ def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
     attempt = Attempt(spec, restart)
     place = deferrable_place(spec, AirflowClusters())
     spec.files.begin_attempt(restart)
+    store = JobStore.for_job(spec.job_dir, spec.launch.kind)
+    if store:
+        store.begin_attempt(spec.files)
     place.submit(attempt, operator.log.info)
     operator.log.info("waiting in the triggerer for attempt %d of %s", restart + 1, spec.name)
     operator.defer(
@@ -35,7 +39,7 @@ def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
                                stall_timeout_s=spec.launch.stall_timeout_s, progress_dir=str(spec.files.progress),
                                created_at=time.time(), metrics=_metrics(spec),
                                telemetry={"path": str(spec.files.telemetry), "ratio": spec.launch.straggler_ratio,
-                                          "windows": spec.launch.straggler_windows}),
+                                          "windows": spec.launch.straggler_windows}, store=store and store.uri),
         method_name="execute_complete", kwargs={"restart": restart, "started": started},
     )
     raise AssertionError("unreachable: defer raises TaskDeferred")
@@ -51,6 +55,9 @@ def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, st
     place = deferrable_place(spec, AirflowClusters())
     place.teardown(attempt, spec.launch.grace_period_s)
     operator.log.info("attempt %d of %s torn down", restart + 1, spec.name)
+    store = JobStore.for_job(spec.job_dir, spec.launch.kind)
+    if store:
+        store.pull(spec.files, now=True)  # what the nodes wrote last: result, errors, marker
     metrics = flushed(spec, metrics_flush_timeout_s, operator.log.info)
     end = Ended(str(event.get("status")), str(event.get("message", "")))
     cost.record(spec.files.attempts, spec.launch, started=float(event.get("started_at") or time.time()),

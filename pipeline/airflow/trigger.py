@@ -18,7 +18,9 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from pipeline.job.mirror import JobStore
 from pipeline.job.supervisor import Watchdog
+from pipeline.job_files import JobFiles
 
 POLL_S = 1.0
 
@@ -26,20 +28,21 @@ POLL_S = 1.0
 class AttemptTrigger(BaseTrigger):
     def __init__(self, *, watch: str, handle: dict[str, Any], timeout_s: float, stall_timeout_s: float,
                  progress_dir: str, created_at: float, poll_s: float = POLL_S, metrics: dict[str, str] | None = None,
-                 telemetry: dict[str, Any] | None = None):
+                 telemetry: dict[str, Any] | None = None, store: str | None = None):
         super().__init__()
         self.watch, self.handle = watch, handle
         self.timeout_s, self.stall_timeout_s, self.progress_dir = timeout_s, stall_timeout_s, progress_dir
         self.created_at, self.poll_s = created_at, poll_s
         self.metrics = metrics  # rank 0's metrics file, its MLflow run and tracking URI: relayed while it waits
         self.telemetry = telemetry  # RankTelemetry's arguments: path, ratio, windows
+        self.store = store  # the job folder's copy, where the nodes share no folder (pipeline.job.mirror)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "watch": self.watch, "handle": self.handle, "timeout_s": self.timeout_s,
             "stall_timeout_s": self.stall_timeout_s, "progress_dir": self.progress_dir,
             "created_at": self.created_at, "poll_s": self.poll_s, "metrics": self.metrics,
-            "telemetry": self.telemetry})
+            "telemetry": self.telemetry, "store": self.store})
 
     def _watcher(self):
         from pipeline.airflow.connections import AirflowClusters
@@ -62,10 +65,14 @@ class AttemptTrigger(BaseTrigger):
         from pipeline.job.telemetry import RankTelemetry
 
         ranks = RankTelemetry(**self.telemetry) if self.telemetry else None
+        store = JobStore(self.store) if self.store else None
+        files = JobFiles(Path(self.progress_dir).parent)
         async with self._watcher() as watcher:
             while True:
                 end = await watcher.poll()
                 if end is None:
+                    if store is not None:
+                        await asyncio.to_thread(store.pull, files)
                     end = await asyncio.to_thread(watchdog.check, time.time())  # reads files: off the event loop
                     for line in await asyncio.to_thread(ranks.update, watchdog.beats) if ranks else []:
                         self.log.info("%s", line)

@@ -97,8 +97,36 @@ def pod_network():
     network.remove()
 
 
+def _kill_node_once_checkpointed(network: PodNetwork, node: int, checkpoints: str, env: dict[str, str], killed: list):
+    """SIGKILL every process of pod ``node`` once a complete checkpoint is on the bucket (as a node lost)."""
+    import signal
+    import time
+
+    def watch() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not killed:
+            with pytest.MonkeyPatch.context() as patch:
+                for key, value in env.items():
+                    patch.setenv(key, value)
+                steps = [step for step, _ in CheckpointStore(checkpoints).complete()]
+            pids = subprocess.run(["ip", "netns", "pids", network.names[node]], capture_output=True,
+                                  text=True).stdout.split()
+            if steps and pids:
+                for pid in pids:
+                    os.kill(int(pid), signal.SIGKILL)
+                killed.append(max(steps))
+                return
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("lose_a_node", [False, True], ids=["whole", "node-lost"])
 def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3_server, s3, pod_network,
-                                                                               demo_parquet, monkeypatch, tmp_path):
+                                                                               demo_parquet, monkeypatch, tmp_path,
+                                                                               lose_a_node):
     from pipeline.job.supervisor import Job
     from pipeline.airflow.connections import AirflowClusters
 
@@ -119,11 +147,15 @@ def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3
             "train.checkpoint_every_steps": 20, "train.log_every_steps": 5,
             "launch.kind": "kubernetes", "launch.nnodes": 2, "launch.nproc_per_node": 1, "launch.backend": "gloo",
             "launch.grace_period_s": 3, "launch.kubernetes.connection_id": CONN,
-            "launch.kubernetes.schedule_timeout_s": 60})
+            "launch.kubernetes.schedule_timeout_s": 60, "launch.max_restarts": 1 if lose_a_node else 0})
         run = stages.RunInfo("private_nodes", f"run-{uuid.uuid4().hex[:6]}")
         dataset = stages.prepare_data(cfg, run)
         assert dataset.uri.startswith(f"{s3}/datasets/")
         spec = stages.train_job(cfg, run, dataset)
+        store = f"{s3}/jobs/{deployment.job_key(spec.files.root)}"
+        killed: list[int] = []
+        if lose_a_node:
+            _kill_node_once_checkpointed(pod_network, 1, f"{store}/checkpoints", s3_server.env(), killed)
         lines: list[str] = []
         result = Job(spec, clusters=AirflowClusters(), metrics_flush_timeout_s=30).run(lines.append)
     finally:
@@ -140,8 +172,13 @@ def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3
     assert json.loads(files.result.read_text()) == {k: v for k, v in result.items() if k != "unsent_metrics"}
     assert sorted(p.name for p in files.progress.glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
     assert any("step_loss" in line for line in files.metrics.read_text().splitlines())
-    store = f"{s3}/jobs/{deployment.job_key(files.root)}"
     assert "config.json" in storage.sizes(f"{store}/in")
+    if lose_a_node:  # the second attempt's pods resumed from the newest checkpoint on the bucket
+        assert killed and len(cluster.created_jobs) == 2
+        assert result["start_step"] >= killed[0] > 0
+        assert result["resumed_from"].startswith(f"{store}/checkpoints/step-")
+    else:
+        assert len(cluster.created_jobs) == 1 and result["start_step"] == 0
     # What the pods wrote in their own folders never appeared in this one: torchrun's logs stayed in the pods.
     assert not list(files.root.glob("logs-try*/torchrun-*/node-*"))
     # The checkpoints are on the bucket, under the job's copy: complete ones, none in the job folder.
