@@ -29,11 +29,13 @@ class NetworkNamespace:
                 return False
         return True
 
-    def wrap(self) -> list[str]:
+    def wrap(self, private: list[str] = ()) -> list[str]:
         """Run a command inside, with a /dev/shm of its own (``ip netns exec`` gives it a mount namespace): a
-        second machine's shared memory is not the first's, and streaming's names would collide."""
-        return ["ip", "netns", "exec", self.name, "sh", "-c", 'mount -t tmpfs -o size=2g tmpfs /dev/shm && exec "$@"',
-                "sh"]
+        second machine's shared memory is not the first's, and streaming's names would collide. Each folder of
+        ``private`` is an empty tmpfs of its own too: a machine that shares no folder with this one."""
+        mounts = "".join(f' && mount -t tmpfs tmpfs "{folder}"' for folder in private)
+        return ["ip", "netns", "exec", self.name, "sh", "-c",
+                f'mount -t tmpfs -o size=2g tmpfs /dev/shm{mounts} && exec "$@"', "sh"]
 
     def pids(self) -> list[int]:
         """The processes running inside."""
@@ -99,8 +101,8 @@ class PodNetwork:
     def __init__(self, tag: str, pods: int = 2):
         self.bridge = f"pb{tag}"[:15]
         self.names = [f"pn{tag}{i}"[:15] for i in range(pods)]
-        self.ips = [f"10.231.9.{i + 1}" for i in range(pods)]
-        self.host_ip = "10.231.9.254"
+        self.ips = [f"10.231.11.{i + 1}" for i in range(pods)]
+        self.host_ip = "10.231.11.254"
 
     def create(self) -> bool:
         steps = [["ip", "link", "add", self.bridge, "type", "bridge"],

@@ -7,7 +7,8 @@ Each job's folder has a copy at ``STORE/KEY/`` (``deployment.job_key``: ``DAG/RU
 - ``nodes/N/``: what node N's ranks wrote (``from_ranks``: heartbeats and the preemption marker, reported user
   errors, rank 0's metrics, model files and result), pushed by the node's agent every ``PUSH_S`` and once more when its ranks
   have exited;
-- ``checkpoints/``: the job's checkpoints, unless ``train.checkpoint_uri`` names another place.
+- ``checkpoints/``: the job's checkpoints, unless ``train.checkpoint_uri`` names another place; ``ray/``: a Ray job's
+  Train storage path.
 
 On each node the agent (``python -m pipeline.job.mirror --store URI --job-dir DIR --node N -- torchrun ...``, what
 the Kubernetes place's pods run) makes the job folder at the same path on the node, fetches ``in/`` into it, runs
@@ -15,6 +16,9 @@ torchrun with ``PIPELINE_JOB_STORE_URI`` set, pushes, passes SIGTERM on to torch
 checkpoint and mark the preemption) and exits with its code. The supervisor pulls ``nodes/*/`` into its own job
 folder as it polls (at most every ``PULL_S``) and once after each attempt, so the stall watchdog, the telemetry,
 the metrics relay, the user-error report and the result read the same files as from a shared folder.
+
+A Ray job's workers do the agent's part themselves (``pipeline.job.ray.worker``: each fetches ``in/`` and pushes its
+own files under ``nodes/RANK/``), and its driver pulls before it decides on a failed worker group.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,7 +38,7 @@ from pipeline.job_files import JOB_STORE_ENV, JobFiles
 PUSH_S = 1.0  # a node's agent pushes what its ranks wrote this often
 PULL_S = 2.0  # the supervisor pulls at most this often
 FINAL_PATIENCE_S = 120.0
-MIRRORED = ("kubernetes",)  # the places whose nodes run the agent (local ranks share this machine's folder)  # the last push, once the ranks exited, waits this long for an unreachable store
+MIRRORED = ("kubernetes", "ray")  # places whose nodes push (local ranks share this machine's folder)  # the last push, once the ranks exited, waits this long for an unreachable store
 
 
 def from_ranks(files: JobFiles) -> list[Path]:
@@ -46,6 +51,12 @@ def from_ranks(files: JobFiles) -> list[Path]:
         elif path.is_file():
             found.append(path)
     return found
+
+
+def _written_by(path: Path, files: JobFiles, rank: int) -> bool:
+    if path.parent in (files.progress, files.errors) and path.name.startswith("rank-"):
+        return path.name == f"rank-{rank}.json"
+    return rank == 0
 
 
 def _model_files(files: JobFiles) -> list[Path]:
@@ -110,9 +121,12 @@ class JobStore:
         files.root.mkdir(parents=True, exist_ok=True)
         storage.download(storage.join(self.uri, "in"), files.root)
 
-    def push(self, files: JobFiles, node: int) -> None:
-        """What this node's ranks wrote and changed since the last push."""
+    def push(self, files: JobFiles, node: int, *, rank: int | None = None) -> None:
+        """What this node's ranks wrote and changed since the last push; with ``rank``, only that rank's files (a Ray
+        worker's: its heartbeat and error, and rank 0 the rest), where a node's folder may hold other ranks' too."""
         for path in from_ranks(files):
+            if rank is not None and not _written_by(path, files, rank):
+                continue
             try:
                 stat = path.stat()
             except FileNotFoundError:  # replaced between the listing and here
@@ -122,6 +136,36 @@ class JobStore:
             if self._seen.get(relative) != stamp:
                 storage.upload_file(path, storage.join(self.uri, "nodes", str(node), relative))
                 self._seen[relative] = stamp
+
+
+class Pushing:
+    """Push ``files`` every ``PUSH_S`` from a thread while the block runs, and once more after it (waiting up to
+    ``FINAL_PATIENCE_S`` for an unreachable store): a node's ranks' files reach the store while they work and
+    after they end."""
+
+    def __init__(self, store: JobStore, files: JobFiles, node: int, *, rank: int | None = None):
+        self.store, self.files, self.node, self.rank = store, files, node, rank
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="job-folder-push", daemon=True)
+
+    def __enter__(self) -> "Pushing":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        storage.patiently(self._push, doing=f"pushing the job folder to {self.store.uri}", patience_s=FINAL_PATIENCE_S)
+
+    def _push(self) -> None:
+        self.store.push(self.files, self.node, rank=self.rank)
+
+    def _loop(self) -> None:
+        while not self._done.wait(PUSH_S):
+            try:
+                self._push()
+            except Exception as exc:  # noqa: BLE001 - the store away for a while: the next push sends it all
+                print(f"WARNING: pushing the job folder to {self.store.uri}: {type(exc).__name__}: {exc}", flush=True)
 
 
 def agent_command(uri: str, job_dir: str, node: str, command: list[str]) -> list[str]:
@@ -140,17 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     store, files = JobStore(args.store), JobFiles(args.job_dir)
     store.fetch_inputs(files)
     files.progress.mkdir(parents=True, exist_ok=True)
-    child = subprocess.Popen(command, env=os.environ | {JOB_STORE_ENV: store.uri})
-    for sig in (signal.SIGTERM, signal.SIGINT):  # an eviction reaches the ranks through torchrun, as without us
-        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
-    while child.poll() is None:
-        try:
-            store.push(files, args.node)
-        except Exception as exc:  # noqa: BLE001 - the store away for a while: the next push sends it all
-            print(f"WARNING: pushing the job folder to {store.uri}: {type(exc).__name__}: {exc}", flush=True)
-        time.sleep(PUSH_S)
-    storage.patiently(lambda: store.push(files, args.node), doing=f"pushing the job folder to {store.uri}",
-                      patience_s=FINAL_PATIENCE_S)
+    with Pushing(store, files, args.node):
+        child = subprocess.Popen(command, env=os.environ | {JOB_STORE_ENV: store.uri})
+        for sig in (signal.SIGTERM, signal.SIGINT):  # an eviction reaches the ranks through torchrun, as without us
+            signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+        child.wait()
     return child.returncode
 
 

@@ -188,3 +188,63 @@ def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3
     # Both nodes ran their ranks on hosts of their own.
     assert {json.loads((files.progress / f"rank-{r}.json").read_text())["host"] for r in (0, 1)} == {
         f"{cluster.created_jobs[-1]['metadata']['name']}-{i}" for i in (0, 1)}
+
+
+@pytest.mark.ray
+def test_a_ray_job_whose_worker_node_shares_no_folder_trains_through_the_bucket(s3_server, s3, demo_parquet,
+                                                                                monkeypatch, tmp_path):
+    """A Ray head on this machine and a worker node in a network namespace whose /tmp (the runs folder, the test's
+    folders) is a tmpfs of its own, one Ray Train worker on each: the worker there fetches the config from the job
+    folder's copy and pushes its files there; Ray Train's storage path and the checkpoints are on the bucket."""
+    from pipeline.job.ray.cluster import LocalCluster
+    from pipeline.job.supervisor import Job
+    from tests.netns import NetworkNamespace
+    from tests.ray_cluster import WorkerNode, wait_for_nodes
+
+    if os.geteuid() != 0:
+        pytest.skip("private mounts and network namespaces need root")
+    head_ip, worker_ip = "10.231.12.1", "10.231.12.2"
+    namespace = NetworkNamespace(f"rayp{os.getpid() % 10000}", head_ip, worker_ip)
+    if not namespace.create():
+        pytest.skip("network namespaces could not be created here (iproute2, CAP_NET_ADMIN)")
+    relay = Relay(s3_server.port, host=head_ip)  # the store, as both nodes reach it
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+    monkeypatch.setenv("PIPELINE_DATA_DIR", f"{s3}/datasets")
+    monkeypatch.setenv("PIPELINE_JOB_STORE", f"{s3}/jobs")
+    monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    head = LocalCluster(cpus=1, grace_period_s=5, node_ip=head_ip, env={"GLOO_SOCKET_IFNAME": namespace.host_dev})
+    worker = None
+    try:
+        head.start(print)
+        worker = WorkerNode(head.gcs_address, node_ip=worker_ip, cpus=1, wrap=namespace.wrap(private=["/tmp"]),
+                            env={"GLOO_SOCKET_IFNAME": namespace.dev})
+        wait_for_nodes(head.address, 2)
+        cfg = tabular_mlp.config("tiny").with_overrides({
+            "data.input_path": str(demo_parquet), "train.epochs": 2, "train.batch_size": 32,
+            "train.checkpoint_every_steps": 20, "train.log_every_steps": 5,
+            "launch.kind": "ray", "launch.nproc_per_node": 2, "launch.grace_period_s": 3,
+            "launch.ray.address": head.address, "launch.ray.python": sys.executable, "launch.ray.cpus_per_worker": 1})
+        run = stages.RunInfo("private_ray", f"run-{uuid.uuid4().hex[:6]}")
+        dataset = stages.prepare_data(cfg, run)
+        spec = stages.train_job(cfg, run, dataset)
+        lines: list[str] = []
+        result = Job(spec, metrics_flush_timeout_s=30).run(lines.append)
+        session_files = [p.name for p in worker.temp_dir.iterdir()]
+    finally:
+        if worker is not None:
+            worker.stop()
+        head.stop()
+        namespace.remove()
+        relay.down()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    assert result is not None and result["world_size"] == 2, "\n".join(lines[-60:])
+    store = f"{s3}/jobs/{deployment.job_key(spec.files.root)}"
+    pushed = storage.sizes(f"{store}/nodes")
+    assert {"0/progress/rank-0.json", "1/progress/rank-1.json", "0/result.json"} <= set(pushed)
+    assert "config.json" in storage.sizes(f"{store}/in")
+    saved = CheckpointStore(f"{store}/checkpoints").complete()
+    assert saved and saved[0][0] == result["steps"]
+    assert storage.sizes(f"{store}/ray"), "Ray Train's storage path is on the bucket"
+    assert not spec.files.checkpoints.exists()
+    # The worker node's /tmp was its own: its Ray session is not in the folder this machine made for it.
+    assert session_files == ["node.log"], session_files

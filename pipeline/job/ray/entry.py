@@ -5,7 +5,8 @@
   launch.nproc_per_node``: after losing a node Ray Train restarts with the workers that still fit),
   ``launch.ray.cpus_per_worker`` CPUs and one GPU each when ``launch.gpus_per_node`` asks for GPUs;
 - ``RunConfig``: named by the run key (the same on every try of the task, so a retry finds the same run),
-  stored in the job folder's checkpoints; ``FailureConfig(max_failures=launch.max_restarts)``: Ray restarts
+  stored in the job folder's checkpoints (or, for nodes that share no folder, in the job folder's copy on the
+  object store: ``pipeline.job.mirror``, read through pyarrow with ``AWS_ENDPOINT_URL``); ``FailureConfig(max_failures=launch.max_restarts)``: Ray restarts
   the worker group after a worker dies, and the recipe's loop resumes from its last checkpoint;
 - a rank's user error is final (``worker.failure_policy``): no restart.
 """
@@ -29,13 +30,14 @@ def trainer(job: dict, entry: list[str]):
     workers = launch.nnodes * launch.nproc_per_node
     use_gpu = launch.gpus_per_node > 0
     resources = {"CPU": launch.ray.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
-    policy = failure_policy(job["job_dir"], launch.max_restarts)
+    policy = failure_policy(job["job_dir"], launch.max_restarts, job.get("store"))
     # Ray Train builds its failure policy from the FailureConfig alone; this one also reads the ranks' user errors.
     data_parallel_trainer.create_failure_policy = policy
     backend = {"auto": "nccl" if use_gpu else "gloo"}.get(launch.backend, launch.backend)
     return TorchTrainer(
         run_rank,
-        train_loop_config={"entry": entry, "no_python": job.get("no_python", False), "job_dir": job["job_dir"]},
+        train_loop_config={"entry": entry, "no_python": job.get("no_python", False), "job_dir": job["job_dir"],
+                           "store": job.get("store")},
         torch_config=TorchConfig(backend=backend),
         scaling_config=ScalingConfig(
             num_workers=(launch.min_nnodes * launch.nproc_per_node, workers) if 0 < launch.min_nnodes < launch.nnodes
@@ -49,7 +51,7 @@ def trainer(job: dict, entry: list[str]):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.job.ray.entry", description=__doc__)
     parser.add_argument("--job", required=True, help="JSON: launch (the launch config), run_name, storage, "
-                        "job_dir, no_python")
+                        "job_dir, no_python, store")
     parser.add_argument("entry", nargs=argparse.REMAINDER, help="-- then what each worker runs")
     args = parser.parse_args(argv)
     entry = args.entry[1:] if args.entry[:1] == ["--"] else args.entry

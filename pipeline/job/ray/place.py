@@ -32,13 +32,15 @@ import threading
 import time
 from typing import Any, Callable
 
-from pipeline import deployment
+from pipeline import deployment, storage
 from pipeline.errors import ConfigError
 from pipeline.job import orphan_guard
 from pipeline.job.places import Clusters
 from pipeline.job.ray.cluster import LocalCluster, cluster_state, jobs_client
+from pipeline.job.mirror import JobStore
 from pipeline.job.policy import Ended
 from pipeline.job.spec import Attempt, JobSpec, without_secrets
+from pipeline.job_files import JOB_STORE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,10 @@ def job_request(attempt: Attempt, *, local: bool) -> dict[str, Any]:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(deployment.PROJECT_ROOT)]))
     job = {"launch": dataclasses.asdict(spec.launch), "run_name": run_name(spec), "storage": str(spec.files.checkpoints / "ray"),
            "job_dir": str(spec.files.root), "no_python": spec.no_python}
+    store = JobStore.for_job(spec.job_dir, spec.launch.kind)
+    if store:  # nodes that share no folder: Ray Train's storage and the job folder's copy on the object store
+        job |= {"storage": storage.join(store.uri, "ray"), "store": store.uri}
+        env[JOB_STORE_ENV] = store.uri
     python = spec.launch.ray.python or (sys.executable if local else "python")
     entrypoint = shlex.join([python, "-m", "pipeline.job.ray.entry", "--job", json.dumps(job), "--", *spec.entry])
     return {"entrypoint": entrypoint, "submission_id": attempt.id, "runtime_env": {"env_vars": env},

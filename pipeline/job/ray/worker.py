@@ -45,7 +45,21 @@ class RankPrefixed(io.TextIOBase):
 
 
 def run_rank(config: dict[str, Any]) -> None:
-    """One Ray Train worker: the entry (``-m module``, a script, or with ``no_python`` an executable)."""
+    """One Ray Train worker: the entry (``-m module``, a script, or with ``no_python`` an executable); where the
+    nodes share no folder (``config["store"]``), with the job folder fetched from its copy and this rank's files
+    pushed there while it runs and after (``pipeline.job.mirror``)."""
+    if not config.get("store"):
+        return _run_rank(config)
+    from pipeline.job.mirror import JobStore, Pushing
+    from pipeline.job_files import JobFiles
+
+    store, files, rank = JobStore(config["store"]), JobFiles(Path(config["job_dir"])), int(os.environ.get("RANK", 0))
+    store.fetch_inputs(files)
+    with Pushing(store, files, rank, rank=rank):
+        _run_rank(config)
+
+
+def _run_rank(config: dict[str, Any]) -> None:
     entry, rank = list(config["entry"]), os.environ.get("RANK", "?")
     os.environ["PIPELINE_RESTART_COUNT"] = str(_restarts(config))
     prefix = f"[rank {rank}]: "
@@ -84,17 +98,19 @@ def _restarts(config: dict[str, Any]) -> int:
     return max(0, len(list(marks.iterdir())) - 1)
 
 
-def failure_policy(job_dir: str, max_restarts: int):
+def failure_policy(job_dir: str, max_restarts: int, store: str | None = None):
     """Ray Train's failure policy, deciding by the supervisor's one restart decision (``pipeline.job.policy.decide``)
     on what the ranks left in the job folder: a rank's user error ends the run at once, a preempted or failed
     worker group is restarted while ``max_restarts`` allows, and each restart is announced as the supervisor
     announces its own. A worker group that could not start is Ray's own budget (``controller_failure_limit``),
     not a restart. Ray Train has no public hook for a failure policy: ``pipeline.job.ray.entry`` installs this one
-    in place of the default that ``FailureConfig`` builds."""
+    in place of the default that ``FailureConfig`` builds. ``store``: the job folder's copy, pulled first, where the
+    workers' nodes share no folder with the driver's."""
     from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy
     from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
     from ray.train.v2.api.exceptions import ControllerError
 
+    from pipeline.job.mirror import JobStore
     from pipeline.job.policy import Ended, Findings, decide
     from pipeline.job_files import PREEMPTED_EXIT_CODE, JobFiles
 
@@ -109,9 +125,12 @@ def failure_policy(job_dir: str, max_restarts: int):
                           f"trying again", flush=True)
                 return decision
             files = JobFiles(Path(job_dir))
+            mirror = JobStore(store) if store else None  # its first pull is at once, then every PULL_S
+            refresh = (lambda: mirror.pull(files)) if mirror else (lambda: None)
+            refresh()
             findings = Findings.read(files)
             if findings.preempted_step is None and f"exited with code {PREEMPTED_EXIT_CODE}" in str(training_failed_error):
-                findings = _preemption_marked(files, findings)
+                findings = _preemption_marked(files, findings, refresh)
             decision = decide(Ended("failed", f"a worker failed: {_first_line(training_failed_error)}"),
                               findings, restart=self.restarts, max_restarts=max_restarts)
             if decision.action != "restart":
@@ -124,7 +143,7 @@ def failure_policy(job_dir: str, max_restarts: int):
     return SupervisorsPolicy
 
 
-def _preemption_marked(files, findings, timeout_s: float = 30.0):
+def _preemption_marked(files, findings, refresh, timeout_s: float = 30.0):
     """A worker exited as preempted before rank 0 wrote the marker of the step they checkpointed (Ray's controller
     sees the first worker's end at once): wait for the marker, as long as a checkpoint may take."""
     import time
@@ -133,6 +152,7 @@ def _preemption_marked(files, findings, timeout_s: float = 30.0):
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        refresh()
         found = Findings.read(files)
         if found.preempted_step is not None:
             return found
