@@ -39,9 +39,10 @@ ui: venv
 	$(PY) -m pipeline.dev.stack ui
 
 # The deployment's topology as local processes (Celery on this machine's Redis, PostgreSQL, MLflow server);
-# RAY=1 adds a Ray head on 127.0.0.1 for launch.kind=ray (the ray_default connection).
+# RAY=1 adds a Ray head on 127.0.0.1 for launch.kind=ray (the ray_default connection); S3=1 an S3 API server
+# (bucket pipeline: MLflow's artifacts and the dataset versions; the aws_default connection).
 stack: venv
-	$(PY) -m pipeline.dev.stack up $(if $(filter 1 yes true,$(RAY)),--ray)
+	$(PY) -m pipeline.dev.stack up $(if $(filter 1 yes true,$(RAY)),--ray) $(if $(filter 1 yes true,$(S3)),--s3)
 
 stack-down: venv
 	$(PY) -m pipeline.dev.stack down

@@ -32,13 +32,14 @@ _LOADER = textwrap.dedent(
 )
 
 
-def predict_in_fresh_interpreter(model_uri: str, frame, tmp_path: Path, column: str = "prediction") -> list:
+def predict_in_fresh_interpreter(model_uri: str, frame, tmp_path: Path, column: str = "prediction",
+                                 env: dict[str, str] | None = None) -> list:
     """``model_uri``'s predictions for ``frame`` (a pandas DataFrame), from a subprocess that cannot import
     this project (its working folder is elsewhere, and an import hook refuses ``pipeline``): the output's
-    ``column`` as text, or lists of text where its values are lists."""
+    ``column`` as text, or lists of text where its values are lists. ``env``: set in its environment."""
     frame_path = tmp_path / "input.pkl"
     frame.to_pickle(frame_path)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (env or {})
     done = subprocess.run([sys.executable, "-c", _LOADER, model_uri, str(frame_path), column], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -43,27 +43,13 @@ class S3Server:
     def start(self, timeout_s: float = 60) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = os.environ | ({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if self.deny_all else {})
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=open(self.log_path, "a"), stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=env)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the S3 server exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"the S3 server did not answer within {timeout_s}s; see {self.log_path}")
+        self.proc = subprocess.Popen(command(self.port), stdout=open(self.log_path, "a"), stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=env)
+        wait_answering(self.endpoint, lambda: self.proc.poll() is not None, self.log_path, timeout_s)
 
     def bucket(self, name: str) -> str:
         """Create the bucket ``name``; its URI."""
-        import boto3
-
-        boto3.client("s3", endpoint_url=self.endpoint, region_name=self.REGION, aws_access_key_id=self.access_key,
-                     aws_secret_access_key=self.secret_key).create_bucket(Bucket=name)
-        return f"s3://{name}"
+        return create_bucket(self.endpoint, self.access_key, self.secret_key, name)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -71,3 +57,35 @@ class S3Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
             self.proc = None
+
+
+def command(port: int) -> list[str]:
+    """moto's server on ``127.0.0.1:port``."""
+    return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+
+
+def wait_answering(endpoint: str, exited, log_path: Path, timeout_s: float) -> None:
+    """Until the server at ``endpoint`` answers; ``exited()`` says its process has ended (see ``log_path``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if exited():
+            raise RuntimeError(f"the S3 server exited; see {log_path}")
+        try:
+            with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"the S3 server did not answer within {timeout_s}s; see {log_path}")
+
+
+def create_bucket(endpoint: str, access_key: str, secret_key: str, name: str) -> str:
+    """The bucket ``name`` at ``endpoint``, created unless it exists; its URI."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name=S3Server.REGION, aws_access_key_id=access_key,
+                          aws_secret_access_key=secret_key)
+    try:
+        client.create_bucket(Bucket=name)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    return f"s3://{name}"

@@ -1,7 +1,8 @@
 """The tabular_mlp DAG run by Airflow (dag.test) with its dataset versions on an S3 API server (moto's, on
 127.0.0.1; ``PIPELINE_DATA_DIR=s3://...``): prepare_data publishes there, the real torchrun ranks, the evaluation
 and the registration read it through their node-local caches, and no version is written under the local data
-folder; its checkpoints go to the bucket too (``train.checkpoint_uri``), none to the job folder.
+folder; its checkpoints go to the bucket too (``train.checkpoint_uri``), none to the job folder, and so do MLflow's
+artifacts (``PIPELINE_MLFLOW_ARTIFACTS``): the registered model loads from there.
 
 The store's endpoint and key pair come only from an Airflow connection (``aws_default``, here from its
 ``AIRFLOW_CONN_`` variable; the test's own environment has none): the run succeeding means every task and rank got
@@ -13,18 +14,23 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline import deployment, storage
 from pipeline.dev.demo import run_dag
 from pipeline.stages.run import RunInfo
+from tests.selfcontained import predict_in_fresh_interpreter
 
 pytestmark = pytest.mark.e2e
 
 
+NAMES = ("tabular_mlp", "image_classifier")  # the DAGs run here, whose datasets' assets move to the bucket
+
+
 @pytest.fixture
 def asset_name_free(airflow_db):
-    """The session's metadata DB has the ``tabular_mlp`` asset active at its folder URI (other tests' runs); active
+    """The session's metadata DB has the ``tabular_mlp`` asset (and ``image_classifier``) active at its folder URI (other tests' runs); active
     assets have unique names, so the bucket's asset would stay inactive and its task refused. Its active entry is
     set aside for this test and put back after, what the scheduler's orphanage pass does when a deployment moves
     its data (the old URI no longer declared by any DAG file); and the DAG files are parsed and stored again with
@@ -34,11 +40,11 @@ def asset_name_free(airflow_db):
     from sqlalchemy import delete, select
 
     with create_session() as session:
-        kept = [(row.name, row.uri) for row in session.scalars(select(AssetActive).where(AssetActive.name == "tabular_mlp"))]
-        session.execute(delete(AssetActive).where(AssetActive.name == "tabular_mlp"))
+        kept = [(row.name, row.uri) for row in session.scalars(select(AssetActive).where(AssetActive.name.in_(NAMES)))]
+        session.execute(delete(AssetActive).where(AssetActive.name.in_(NAMES)))
     yield
     with create_session() as session:
-        session.execute(delete(AssetActive).where(AssetActive.name == "tabular_mlp"))
+        session.execute(delete(AssetActive).where(AssetActive.name.in_(NAMES)))
         session.add_all([AssetActive(name=name, uri=uri) for name, uri in kept])
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 
@@ -75,6 +81,7 @@ def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(asset
     s3 = s3_by_connection
     monkeypatch.setenv("PIPELINE_DATA_DIR", f"{s3}/datasets")
     monkeypatch.setenv("PIPELINE_STAGING_DIR", str(tmp_path / "staging"))
+    monkeypatch.setenv("PIPELINE_MLFLOW_ARTIFACTS", f"{s3}/mlflow")
     local_before = set(Path(deployment.home(), "data").rglob("manifest.json"))
     model = "tabular_mlp_on_s3"
     conf = {"input_path": str(demo_parquet), "epochs": 2, "batch_size": 64, "hidden_sizes": [32, 16],
@@ -113,6 +120,19 @@ def test_the_dag_trains_on_a_version_published_to_and_read_from_the_bucket(asset
     run = client().get_run(summary["model"]["mlflow_run_id"])
     sources = [json.loads(d.dataset.source) for d in run.inputs.dataset_inputs]
     assert any(uri in json.dumps(s) for s in sources), sources
+
+    # MLflow's artifacts are on the bucket, none in the local artifact folder; the registered model loads from the
+    # bucket in an interpreter that cannot import the project.
+    experiment = client().get_experiment(run.info.experiment_id)
+    assert experiment.artifact_location == f"{s3}/mlflow"
+    artifacts = storage.sizes(f"{s3}/mlflow")
+    assert f"{run.info.run_id}/artifacts/evaluation/report.html" in artifacts, sorted(artifacts)
+    assert any(key.endswith("/MLmodel") for key in artifacts), sorted(artifacts)
+    assert not any(run.info.run_id in str(p) for p in Path(deployment.home(), "mlflow").rglob("*"))
+    rows = pq.read_table(demo_parquet).slice(0, 8).to_pandas().drop(columns=["label"])
+    predictions = predict_in_fresh_interpreter(f"models:/{model}@champion", rows, tmp_path,
+                                               env={"MLFLOW_TRACKING_URI": deployment.mlflow_tracking_uri()})
+    assert len(predictions) == 8 and set(predictions) <= {"0", "1", "2"}, predictions
 
     # The secret is nowhere it could be read back.
     secret = s3_server.secret_key
@@ -168,3 +188,62 @@ def _rendered_elsewhere(prepared: dict, run_id: str, conf: dict) -> dict[str, st
         else:
             rendered[kind] = json.dumps(job_request(attempt, local=False))
     return rendered
+
+
+def test_the_image_dag_keeps_its_data_checkpoints_and_mlflow_artifacts_on_the_bucket(asset_name_free, s3_server,
+                                                                                       s3_by_connection, tmp_path,
+                                                                                       monkeypatch):
+    """The image_classifier DAG (scikit-learn's digits as IDX files) with every place it writes on the bucket: its
+    versions, its checkpoints and MLflow's artifacts; none of them under the pipeline's home."""
+    import io
+
+    import numpy as np
+    import pandas as pd
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    from pipeline.data.demo import write_digits_idx
+    from pipeline.registry.tracking import client
+
+    s3 = s3_by_connection
+    for key, value in {"PIPELINE_DATA_DIR": f"{s3}/datasets", "PIPELINE_MLFLOW_ARTIFACTS": f"{s3}/mlflow",
+                       "PIPELINE_STAGING_DIR": str(tmp_path / "staging")}.items():
+        monkeypatch.setenv(key, value)
+    home_before = {p for p in Path(deployment.home()).rglob("*") if p.is_file()}
+    model = "digits_on_s3"
+    conf = {"input_path": str(write_digits_idx(tmp_path / "digits")), "variant": "tiny", "model_name": model,
+            "overrides": {"model.class_names": [f"digit-{d}" for d in range(10)], "registry.experiment": model,
+                          "train.checkpoint_uri": f"{s3}/checkpoints"}}
+    dag_run = run_dag("image_classifier", conf)
+    assert str(getattr(dag_run.state, "value", dag_run.state)) == "success"
+    for key, value in s3_server.env().items():
+        os.environ[key] = value
+
+    workdir = RunInfo("image_classifier", dag_run.run_id).workdir
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["dataset"]["uri"].startswith(f"{s3}/datasets/image_classifier/") and summary["promoted"]
+    assert summary["test_metrics"]["accuracy"] >= 0.3, summary["test_metrics"]
+    on_bucket = storage.sizes(s3)
+    job = workdir.relative_to(deployment.runs_dir()).as_posix()
+    assert any(k.startswith(f"checkpoints/{job}/train/step-") and k.endswith("/COMPLETE") for k in on_bucket)
+    run_id = summary["model"]["mlflow_run_id"]
+    assert f"mlflow/{run_id}/artifacts/evaluation/confusion_matrix.png" in on_bucket, sorted(on_bucket)
+    assert any(k.startswith("mlflow/") and k.endswith("/MLmodel") for k in on_bucket)
+    # Under the home: the job folders and the metadata databases, no shard, checkpoint or MLflow artifact.
+    written = {p for p in Path(deployment.home()).rglob("*") if p.is_file()} - home_before
+    stored = [p for p in written if p.suffix in (".mds", ".pt", ".distcp", ".safetensors", ".png", ".html")
+              or p.name in ("MLmodel", "manifest.json", "COMPLETE")]
+    assert stored == [], stored
+    assert [p for p in (tmp_path / "staging").rglob("*") if p.is_file()] == []
+
+    digits = load_digits()
+    pixels = np.clip(np.rint(digits.images[:10] * (255 / 16)), 0, 255).astype(np.uint8)
+    encoded = []
+    for image in pixels:
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        encoded.append(buffer.getvalue())
+    predictions = predict_in_fresh_interpreter(f"models:/{model}@champion", pd.DataFrame({"image": encoded}), tmp_path,
+                                               env={"MLFLOW_TRACKING_URI": deployment.mlflow_tracking_uri()})
+    assert len(predictions) == 10 and set(predictions) <= {f"digit-{d}" for d in range(10)}
+    assert client().get_experiment_by_name(model).artifact_location == f"{s3}/mlflow"

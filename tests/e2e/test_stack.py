@@ -16,13 +16,15 @@ from datetime import datetime, timedelta, timezone
 import psutil
 import pytest
 
+from pipeline.dev.stack.local import S3_BUCKET
 from tests.e2e.test_airflow_kill import (
     KILL_DAG_SOURCE,
     job_marker,
     still_alive,
     trigger_and_wait_for_ranks,
 )
-from tests.services import wait_for
+from tests.selfcontained import predict_in_fresh_interpreter
+from tests.services import free_port, wait_for
 from tests.stack import MLFLOW_PASSWORD, make_stack, remove_stack
 
 pytestmark = pytest.mark.e2e
@@ -114,6 +116,7 @@ def stack(tmp_path_factory, pipeline_home):
         patch.setenv("PIPELINE_DATA_DIR", str(data_dir))
         demo.write_partitions(tabular_mlp.daily_input_path(), DAYS, 400, seed=21)
     stack = make_stack(tmp / "home", dags, {
+        # The versions in a folder of its own; MLflow's artifacts on the stack's S3 server (make stack S3=1).
         "PIPELINE_DATA_DIR": str(data_dir),
         # The daily DAG starts after tomorrow: its scheduler makes no run while the module runs, even across a
         # midnight (TODAY is the date at import), so a backfill's runs are the DAG's only ones. (Airflow 3.3's
@@ -123,6 +126,7 @@ def stack(tmp_path_factory, pipeline_home):
         "PIPELINE_TRAIN_POOL_SLOTS": "1",  # one slot a training: the pool of 1 admits one at a time
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "1",
     })
+    stack.s3, stack.s3_port = True, free_port()
     try:
         stack.up()
         stack.client = _live_client(stack, stack.client)
@@ -212,7 +216,7 @@ def _token(secret: str) -> str:
     return jwt.encode(claims, secret, algorithm="HS512")
 
 
-def test_rest_trigger_with_conf_runs_to_success_and_registers_on_the_mlflow_server(stack):
+def test_rest_trigger_with_conf_runs_to_success_and_registers_on_the_mlflow_server(stack, tmp_path):
     import mlflow
     from mlflow import MlflowClient
 
@@ -246,14 +250,34 @@ def test_rest_trigger_with_conf_runs_to_success_and_registers_on_the_mlflow_serv
     finally:
         mlflow.set_tracking_uri(None)
     assert "<html" in open(local).read().lower()
-    assert (stack.home / "mlflow-artifacts").is_dir()
 
-    # Task logs: MLflow's own lines at their level, never the connection's password.
+    # The server keeps them on the bucket, and nothing in a folder of its own.
+    import boto3
+
+    access_key, secret_key = stack.s3_keys()
+    bucket = boto3.client("s3", endpoint_url=stack.s3_url, region_name="us-east-1", aws_access_key_id=access_key,
+                          aws_secret_access_key=secret_key)
+    keys = [o["Key"] for page in bucket.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET, Prefix="mlflow/")
+            for o in page.get("Contents", [])]
+    assert any(k.endswith(f"{version.run_id}/artifacts/evaluation/report.html") for k in keys), keys
+    assert any(k.endswith("/MLmodel") for k in keys), keys
+    assert not (stack.home / "mlflow-artifacts").exists()
+
+    # The registered model loads from there, through the server, where this project cannot be imported and no
+    # store credentials are set.
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(stack.demo_parquet).slice(0, 8).to_pandas().drop(columns=["label"])
+    predictions = predict_in_fresh_interpreter(f"models:/{model}@champion", rows, tmp_path,
+                                               env={"MLFLOW_TRACKING_URI": stack.mlflow_url})
+    assert len(predictions) == 8 and set(predictions) <= {"0", "1", "2"}, predictions
+
+    # Task logs: MLflow's own lines at their level, never the connections' passwords.
     logs = list((stack.airflow_home / "logs").rglob(f"run_id={run['dag_run_id']}/**/*.log"))
     assert {p.parent.name for p in logs} >= {"task_id=train", "task_id=register_model"}
     for path in logs:
         for line in path.read_text().splitlines():
-            assert MLFLOW_PASSWORD not in line, path
+            assert MLFLOW_PASSWORD not in line and secret_key not in line, path
             record = json.loads(line)
             if record.get("logger") == "task.stderr":
                 assert " INFO mlflow" not in record["event"] and "Downloading artifacts" not in record["event"], line

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from pipeline.dev.stack import ray_head
-from pipeline.dev.stack.local import stop_processes
+from pipeline.dev.stack.processes import stop_processes
 from pipeline.errors import ConfigError
 from pipeline.job.ray.cluster import jobs_client
 from pipeline.job.spec import JobSpec, launch_config

@@ -53,11 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "ui"])
     parser.add_argument("--ray", action="store_true", help="up: also a Ray head on 127.0.0.1, the ray_default "
                         "connection pointed at it (make stack RAY=1)")
+    parser.add_argument("--s3", action="store_true", help="up: also an S3 API server on 127.0.0.1 (bucket pipeline: "
+                        "MLflow's artifacts, the dataset versions), the aws_default connection pointed at it "
+                        "(make stack S3=1)")
     args = parser.parse_args(argv)
     if args.command == "ui":
         return _ui()
     stack = LocalStack.from_env(SERVICES_MODE)
-    stack.ray = args.ray
+    stack.ray, stack.s3 = args.ray, args.s3
     if args.command == "up":
         stack.up()
         print(stack.banner(), flush=True)

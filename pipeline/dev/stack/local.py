@@ -4,7 +4,10 @@
 on this machine's PostgreSQL and Redis, and an MLflow tracking server on PostgreSQL serving artifacts
 from a local folder; the processes outlive the command, ``make stack-down`` ends them. With ``ray``
 (``make stack RAY=1``), a Ray head (``pipeline.dev.stack.ray_head``) starts first and the Airflow services get
-the ``ray_default`` connection to it.
+the ``ray_default`` connection to it. With ``s3`` (``make stack S3=1``), an S3 API server (moto's, as in the
+tests; ``docker-compose.yml`` runs MinIO) starts first with the bucket ``pipeline``: the MLflow server proxies its
+artifacts to ``s3://pipeline/mlflow``, the dataset versions go to ``s3://pipeline/datasets``, and the tasks get
+the store's endpoint and key pair only through the ``aws_default`` connection.
 
 ``embedded`` (``make ui``): the embedded default (SQLite, LocalExecutor) with the same Airflow
 components and an MLflow UI on the local store, in the foreground; Ctrl-C ends every process.
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,12 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import deployment
+from pipeline.dev import s3_server
+from pipeline.dev.s3_server import S3Server
 from pipeline.dev.stack import secrets
+from pipeline.dev.stack.processes import ended, stop_processes
 from pipeline.dev.stack.rest import RestClient, fail_running_tasks, http_json
 from pipeline.network import http_ok
 from pipeline.registry.tracking_server import SERVER_ENV
 
 SERVICES_MODE, EMBEDDED_MODE = "services", "embedded"
+S3_BUCKET = "pipeline"  # the bucket of make stack S3=1, as docker-compose.yml's minio-init makes it
 
 
 @dataclass
@@ -47,6 +53,8 @@ class LocalStack:
     gpu_slots: int = 2
     worker_concurrency: int = 4
     ray: bool = False  # a Ray head (pipeline.dev.stack.ray_head) that the ray_default connection points at
+    s3: bool = False  # an S3 API server with the bucket S3_BUCKET: MLflow's artifacts and the dataset versions
+    s3_port: int = 9000
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -59,6 +67,7 @@ class LocalStack:
             mode=mode,
             airflow_port=int(env.get("PIPELINE_STACK_AIRFLOW_PORT", 8080)),
             mlflow_port=int(env.get("PIPELINE_STACK_MLFLOW_PORT", 5000)),
+            s3_port=int(env.get("PIPELINE_STACK_S3_PORT", 9000)),
             postgres=env.get("PIPELINE_STACK_POSTGRES", cls.postgres),
             redis=env.get("PIPELINE_STACK_REDIS", cls.redis),
             db_prefix=env.get("PIPELINE_STACK_DB_PREFIX", cls.db_prefix),
@@ -82,6 +91,15 @@ class LocalStack:
     @property
     def mlflow_url(self) -> str:
         return f"http://127.0.0.1:{self.mlflow_port}"
+
+    @property
+    def s3_url(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def s3_keys(self) -> tuple[str, str]:
+        """The store's key pair (moto takes any; MinIO's root user in docker-compose.yml)."""
+        keys = self.secrets()
+        return keys["MINIO_ROOT_USER"], keys["MINIO_ROOT_PASSWORD"]
 
     @property
     def passwords_path(self) -> Path:
@@ -136,6 +154,12 @@ class LocalStack:
                 "PIPELINE_SWEEP_DB": self.database_url("sweeps").replace("postgresql://", "postgresql+psycopg2://", 1),
             })
             env.pop("MLFLOW_TRACKING_URI", None)
+        if self.s3:  # the tasks reach the store through the connection, as they would a deployment's
+            access_key, secret_key = self.s3_keys()
+            env["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps({
+                "conn_type": "aws", "login": access_key, "password": secret_key,
+                "extra": {"endpoint_url": self.s3_url, "region_name": S3Server.REGION}})
+            env["PIPELINE_DATA_DIR"] = f"s3://{S3_BUCKET}/datasets"
         env.update(self.extra_env)
         return env
 
@@ -144,8 +168,9 @@ class LocalStack:
         mlflow = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
                   "--port", str(self.mlflow_port), "--workers", "1"]
         if self.mode == SERVICES_MODE:
+            artifacts = f"s3://{S3_BUCKET}/mlflow" if self.s3 else str(self.home / "mlflow-artifacts")
             mlflow += ["--backend-store-uri", self.database_url("mlflow"), "--serve-artifacts",
-                       "--artifacts-destination", str(self.home / "mlflow-artifacts"),
+                       "--artifacts-destination", artifacts,
                        "--allowed-hosts", f"127.0.0.1:{self.mlflow_port},localhost:{self.mlflow_port}"]
         else:  # the embedded default's store: what the tasks write to
             mlflow += ["--backend-store-uri", deployment.mlflow_tracking_uri(),
@@ -194,15 +219,30 @@ class LocalStack:
                 head_env = {k: v for k, v in env.items() if not k.startswith("AIRFLOW")}
                 self._start("ray-head", ray_head.command(address_file), {**head_env, "RAY_AUTH_TOKEN": token}, state)
                 state["ray_address"] = ray_head.wait_address(
-                    address_file, lambda: _exited(state["pids"]["ray-head"]), timeout_s)
+                    address_file, lambda: ended(state["pids"]["ray-head"]), timeout_s)
                 env["AIRFLOW_CONN_RAY_DEFAULT"] = ray_head.connection(state["ray_address"], token)
+            if self.s3:  # first: the MLflow server and the tasks need the bucket
+                self._start("s3", s3_server.command(self.s3_port), env, state)
+                s3_server.wait_answering(self.s3_url, lambda: ended(state["pids"]["s3"]),
+                                         self.home / "logs" / "s3.log", timeout_s)
+                s3_server.create_bucket(self.s3_url, *self.s3_keys(), S3_BUCKET)
+                state["s3_url"] = self.s3_url
             for name, argv in self.commands().items():
-                self._start(name, argv, env, state)
+                self._start(name, argv, self.mlflow_env(env) if name == "mlflow" else env, state)
             self.wait_ready(state, timeout_s)
         except BaseException:
             self.down()
             raise
         return state
+
+    def mlflow_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The MLflow server's environment: the store's endpoint and key pair where it keeps artifacts on the store
+        (the server alone holds them: clients download through it)."""
+        if not self.s3:
+            return env
+        access_key, secret_key = self.s3_keys()
+        return {**env, "MLFLOW_S3_ENDPOINT_URL": self.s3_url, "AWS_ACCESS_KEY_ID": access_key,
+                "AWS_SECRET_ACCESS_KEY": secret_key, "AWS_DEFAULT_REGION": S3Server.REGION}
 
     def _start(self, name: str, argv: list[str], env: dict[str, str], state: dict) -> None:
         """Start one service in a session of its own, its output in ``logs/NAME.log``, its pid in the state."""
@@ -221,7 +261,7 @@ class LocalStack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not ready after {timeout_s:.0f}s: {sorted(pending)}; see {log_dir}")
             for name, pid in state["pids"].items():
-                if _exited(pid):
+                if ended(pid):
                     raise RuntimeError(f"{name} exited while starting; see {log_dir / (name + '.log')}")
             if "mlflow" in pending and http_ok(f"{self.mlflow_url}/health"):
                 pending.discard("mlflow")
@@ -244,6 +284,8 @@ class LocalStack:
             f"MLflow UI   {self.mlflow_url}",
             *([f"Ray         {ray} (dashboard; RAY_AUTH_TOKEN in {self.home / 'secrets.env'})"]
               if (ray := (self.state() or {}).get("ray_address")) else []),
+            *([f"S3          {s3} bucket {S3_BUCKET} (in memory: gone when the stack stops; keys in "
+               f"{self.home / 'secrets.env'})"] if (s3 := (self.state() or {}).get("s3_url")) else []),
             f"logs        {self.home / 'logs'}",
             "stop        " + ("make stack-down" if self.mode == SERVICES_MODE else "Ctrl-C"),
             "DAGs start paused: unpause one in the UI (or PATCH /api/v2/dags/<id> is_paused=false) before"
@@ -261,12 +303,12 @@ class LocalStack:
 
     def running(self) -> bool:
         state = self.state()
-        return bool(state and any(not _exited(pid) for pid in state["pids"].values()))
+        return bool(state and any(not ended(pid) for pid in state["pids"].values()))
 
     def exited(self) -> list[str]:
         """The stack's services whose process is gone (each has its log in ``home/logs/NAME.log``)."""
         state = self.state() or {"pids": {}}
-        return sorted(name for name, pid in state["pids"].items() if _exited(pid))
+        return sorted(name for name, pid in state["pids"].items() if ended(pid))
 
     def down(self, grace_s: float = 15) -> list[int]:
         """Fail running tasks through the API, then end every process of the stack (signal each, wait,
@@ -275,7 +317,7 @@ class LocalStack:
         if not state:
             return []
         pids = state["pids"]
-        if "api-server" in pids and not _exited(pids["api-server"]):
+        if "api-server" in pids and not ended(pids["api-server"]):
             try:
                 fail_running_tasks(self.client(), grace_s)
             except (OSError, ValueError, RuntimeError) as exc:
@@ -286,32 +328,6 @@ class LocalStack:
 
     def client(self) -> "RestClient":
         return RestClient(self.airflow_url, "admin", self.admin_password())
-
-
-def stop_processes(roots: list[int], grace_s: float) -> list[int]:
-    """SIGTERM every root and each of its descendants, wait up to ``grace_s``, SIGKILL the rest."""
-    from pipeline.process_table import alive, descendants
-
-    everyone = list(dict.fromkeys(pid for root in roots if alive(root) for pid in [root, *descendants(root)]))
-    for pid in everyone:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(alive(pid) for pid in everyone):
-        # Children started while stopping (a task's cleanup) are found and signalled too.
-        for pid in [d for root in everyone if alive(root) for d in descendants(root)]:
-            if pid not in everyone:
-                everyone.append(pid)
-                _signal(pid, signal.SIGTERM)
-        _reap(everyone)
-        time.sleep(0.2)
-    killed = [pid for pid in everyone if alive(pid)]
-    for pid in killed:
-        _signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(alive(pid) for pid in everyone):
-        _reap(everyone)
-        time.sleep(0.1)
-    return killed
 
 
 def create_database(server: str, name: str) -> None:
@@ -358,29 +374,6 @@ def _run(argv: list[str], env: dict[str, str], log_path: Path) -> None:
         code = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     if code:
         raise RuntimeError(f"{' '.join(argv[2:])} exited with {code}; see {log_path}")
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _reap(pids: list[int]) -> None:
-    """Collect exit statuses of our own children (``make ui`` is their parent) so they do not linger."""
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
-
-def _exited(pid: int) -> bool:
-    from pipeline.process_table import alive
-
-    _reap([pid])
-    return not alive(pid)
 
 
 def _read(path: Path) -> bytes:
