@@ -229,9 +229,13 @@ def test_the_image_dag_keeps_its_data_checkpoints_and_mlflow_artifacts_on_the_bu
     run_id = summary["model"]["mlflow_run_id"]
     assert f"mlflow/{run_id}/artifacts/evaluation/confusion_matrix.png" in on_bucket, sorted(on_bucket)
     assert any(k.startswith("mlflow/") and k.endswith("/MLmodel") for k in on_bucket)
-    # Under the home: the job folders and the metadata databases, no shard, checkpoint or MLflow artifact.
-    written = {p for p in Path(deployment.home()).rglob("*") if p.is_file()} - home_before
-    stored = [p for p in written if p.suffix in (".mds", ".pt", ".distcp", ".safetensors", ".png", ".html")
+    # Under the home: the run's folder (its local ranks' job folder, the shards in the readers' node-local caches,
+    # the evaluation report's working copy) and MLflow's database; no version, checkpoint or MLflow artifact.
+    home = Path(deployment.home())
+    written = {p.relative_to(home) for p in home.rglob("*") if p.is_file()} - {p.relative_to(home) for p in home_before}
+    elsewhere = [p for p in written if p.parts[0] != "runs" and p.parts[:2] != ("mlflow", "mlflow.db")]
+    assert elsewhere == [], elsewhere
+    stored = [p for p in written if (p.suffix == ".mds" and "cache" not in p.parts) or "step-" in str(p)
               or p.name in ("MLmodel", "manifest.json", "COMPLETE")]
     assert stored == [], stored
     assert [p for p in (tmp_path / "staging").rglob("*") if p.is_file()] == []
