@@ -3,7 +3,7 @@
 node's staging folder; an upload cut before its marker never resumed and pruned; a damaged newest one skipped; an
 outage waited out, or past the store's patience a failed save that leaves nothing complete. Then real torchrun jobs
 with their data and checkpoints on the bucket: a rank killed mid-epoch resumes from the bucket, and a store down for
-30 s mid-training is waited out; both end with the parameters of an uninterrupted run, with nothing of their
+30 s mid-training is waited out, and a preempted job's agreed step is saved there and resumed; all end with the parameters of an uninterrupted run, with nothing of their
 checkpoints in the job folder."""
 
 from __future__ import annotations
@@ -203,6 +203,24 @@ def test_a_rank_killed_mid_epoch_resumes_from_the_bucket_to_identical_parameters
     assert result["resumed_from"].startswith(_checkpoints(s3_job[0], out) + "/step-")
     assert result["param_digests"] == s3_reference["param_digests"], "the resumed run ended with other parameters"
     _assert_only_complete_checkpoints_on_the_bucket(s3_job, out, env)
+
+
+@pytest.mark.distributed
+def test_a_preempted_job_saves_its_agreed_step_to_the_bucket_and_the_restart_resumes_there(s3_job, s3_reference,
+                                                                                          tmp_path):
+    """SIGTERM mid-epoch: every rank stops at one step, whose checkpoint is on the bucket (uploaded, marker last)
+    before the ranks exit; the restarted attempt downloads it and ends as an uninterrupted run."""
+    from tests.integration.test_preemption import preempt_when_training, preempted_step
+
+    out, seen, lines = tmp_path / "out", {}, []
+    watcher = preempt_when_training(out / "progress", seen, lines)
+    result = _train(s3_job, out, lines, max_restarts=1)
+    watcher.join(timeout=5)
+    stopped = preempted_step(lines, seen)
+    assert result["start_step"] == stopped
+    assert result["resumed_from"] == storage.join(_checkpoints(s3_job[0], out), f"step-{stopped:09d}")
+    assert result["param_digests"] == s3_reference["param_digests"], "the resumed run ended with other parameters"
+    _assert_only_complete_checkpoints_on_the_bucket(s3_job, out, s3_job[3])
 
 
 @pytest.mark.distributed
