@@ -45,3 +45,21 @@ def predict_in_fresh_interpreter(model_uri: str, frame, tmp_path: Path, column: 
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(l for l in done.stdout.splitlines() if l.startswith("PREDICTIONS="))
     return json.loads(line.removeprefix("PREDICTIONS="))
+
+
+def digit_images(count: int):
+    """scikit-learn's first ``count`` digits as 8-bit pixel arrays, and the same as PNG files' bytes: what the image
+    recipe's registered model takes."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    pixels = np.clip(np.rint(load_digits().images[:count] * (255 / 16)), 0, 255).astype(np.uint8)
+    encoded = []
+    for image in pixels:
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        encoded.append(buffer.getvalue())
+    return pixels, encoded

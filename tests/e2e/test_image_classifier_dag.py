@@ -3,12 +3,11 @@ and a real MLflow store, on real data: scikit-learn's bundled digits written as 
 
 import json
 
-import numpy as np
 import pytest
 
 from pipeline.dev.demo import run_dag
 from pipeline.stages.run import RunInfo
-from tests.selfcontained import predict_in_fresh_interpreter
+from tests.selfcontained import digit_images, predict_in_fresh_interpreter
 
 pytestmark = pytest.mark.e2e
 
@@ -41,19 +40,9 @@ def test_the_recipe_trains_registers_and_reports_through_the_shared_dag(airflow_
 
     # The registered model, in an interpreter without this project, takes encoded images or pixel arrays
     # and answers with class names.
-    import io
-
     import pandas as pd
-    from PIL import Image
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    pixels = np.clip(np.rint(digits.images[:20] * (255 / 16)), 0, 255).astype(np.uint8)
-    encoded = []
-    for image in pixels:
-        buffer = io.BytesIO()
-        Image.fromarray(image).save(buffer, format="PNG")
-        encoded.append(buffer.getvalue())
+    pixels, encoded = digit_images(20)
     uri = f"models:/{model}@champion"
     from_bytes = predict_in_fresh_interpreter(uri, pd.DataFrame({"image": encoded}), tmp_path)
     from_arrays = predict_in_fresh_interpreter(uri, pd.DataFrame({"image": list(pixels)}), tmp_path)

@@ -20,7 +20,7 @@ import pytest
 from pipeline import deployment, storage
 from pipeline.dev.demo import run_dag
 from pipeline.stages.run import RunInfo
-from tests.selfcontained import predict_in_fresh_interpreter
+from tests.selfcontained import digit_images, predict_in_fresh_interpreter
 
 pytestmark = pytest.mark.e2e
 
@@ -195,12 +195,7 @@ def test_the_image_dag_keeps_its_data_checkpoints_and_mlflow_artifacts_on_the_bu
                                                                                        monkeypatch):
     """The image_classifier DAG (scikit-learn's digits as IDX files) with every place it writes on the bucket: its
     versions, its checkpoints and MLflow's artifacts; none of them under the pipeline's home."""
-    import io
-
-    import numpy as np
     import pandas as pd
-    from PIL import Image
-    from sklearn.datasets import load_digits
 
     from pipeline.data.demo import write_digits_idx
     from pipeline.registry.tracking import client
@@ -240,13 +235,7 @@ def test_the_image_dag_keeps_its_data_checkpoints_and_mlflow_artifacts_on_the_bu
     assert stored == [], stored
     assert [p for p in (tmp_path / "staging").rglob("*") if p.is_file()] == []
 
-    digits = load_digits()
-    pixels = np.clip(np.rint(digits.images[:10] * (255 / 16)), 0, 255).astype(np.uint8)
-    encoded = []
-    for image in pixels:
-        buffer = io.BytesIO()
-        Image.fromarray(image).save(buffer, format="PNG")
-        encoded.append(buffer.getvalue())
+    _, encoded = digit_images(10)
     predictions = predict_in_fresh_interpreter(f"models:/{model}@champion", pd.DataFrame({"image": encoded}), tmp_path,
                                                env={"MLFLOW_TRACKING_URI": deployment.mlflow_tracking_uri()})
     assert len(predictions) == 10 and set(predictions) <= {f"digit-{d}" for d in range(10)}
