@@ -30,25 +30,32 @@ NAMES = ("tabular_mlp", "image_classifier")  # the DAGs run here, whose datasets
 
 @pytest.fixture
 def asset_name_free(airflow_db):
-    """The session's metadata DB has the ``tabular_mlp`` asset (and ``image_classifier``) active at its folder URI (other tests' runs); active
-    assets have unique names, so the bucket's asset would stay inactive and its task refused. Its active entry is
-    set aside for this test and put back after, what the scheduler's orphanage pass does when a deployment moves
-    its data (the old URI no longer declared by any DAG file); and the DAG files are parsed and stored again with
-    the folder's URIs, so that the next runs' DAG versions declare them."""
+    """The session's metadata DB has the ``tabular_mlp`` and ``image_classifier`` assets active at their folder URIs
+    (other tests' runs); active assets have unique names, so the bucket's assets would stay inactive and their tasks
+    refused. Their active entries are set aside for this test and put back after, what the scheduler's orphanage pass
+    does when a deployment moves its data (the old URI no longer declared by any DAG file); and the DAG files are
+    parsed and stored again with the folder's URIs, so that the next runs' DAG versions declare them.
+
+    Airflow skips storing a DAG parsed within ``[core] min_serialized_dag_update_interval`` (30 s) of its last
+    write: the run would get the version an earlier test stored moments before, with the folder's URI. Here every
+    parse is stored."""
     from airflow.models.asset import AssetActive
     from airflow.utils.session import create_session
     from sqlalchemy import delete, select
 
-    with create_session() as session:
-        kept = [(row.name, row.uri) for row in session.scalars(select(AssetActive).where(AssetActive.name.in_(NAMES)))]
-        session.execute(delete(AssetActive).where(AssetActive.name.in_(NAMES)))
-    yield
-    with create_session() as session:
-        session.execute(delete(AssetActive).where(AssetActive.name.in_(NAMES)))
-        session.add_all([AssetActive(name=name, uri=uri) for name, uri in kept])
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL", "0")
+        with create_session() as session:
+            kept = [(row.name, row.uri)
+                    for row in session.scalars(select(AssetActive).where(AssetActive.name.in_(NAMES)))]
+            session.execute(delete(AssetActive).where(AssetActive.name.in_(NAMES)))
+        yield
+        with create_session() as session:
+            session.execute(delete(AssetActive).where(AssetActive.name.in_(NAMES)))
+            session.add_all([AssetActive(name=name, uri=uri) for name, uri in kept])
+        from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 
-    sync_bag_to_db(DagBag(dag_folder=str(deployment.PROJECT_ROOT / "dags")), "dags-folder", None)
+        sync_bag_to_db(DagBag(dag_folder=str(deployment.PROJECT_ROOT / "dags")), "dags-folder", None)
 
 
 @pytest.fixture
