@@ -37,8 +37,8 @@ from pipeline.job_files import JOB_STORE_ENV, JobFiles
 
 PUSH_S = 1.0  # a node's agent pushes what its ranks wrote this often
 PULL_S = 2.0  # the supervisor pulls at most this often
-FINAL_PATIENCE_S = 120.0
-MIRRORED = ("kubernetes", "ray")  # places whose nodes push (local ranks share this machine's folder)  # the last push, once the ranks exited, waits this long for an unreachable store
+FINAL_PATIENCE_S = 120.0  # the last push, once the ranks exited, waits this long for an unreachable store
+MIRRORED = ("kubernetes", "ray")  # places whose nodes push (local ranks share this machine's folder)
 
 
 def from_ranks(files: JobFiles) -> list[Path]:

@@ -114,6 +114,14 @@ def failure_policy(job_dir: str, max_restarts: int, store: str | None = None):
     from pipeline.job.policy import Ended, Findings, decide
     from pipeline.job_files import PREEMPTED_EXIT_CODE, JobFiles
 
+    files = JobFiles(Path(job_dir))
+    # One copy for the run: what it pulled stays pulled (a preemption marker cleared below is not fetched again).
+    mirror = JobStore(store) if store else None
+
+    def refresh(now: bool = False) -> None:
+        if mirror:
+            mirror.pull(files, now=now)
+
     class SupervisorsPolicy(DefaultFailurePolicy):
         restarts = 0
 
@@ -124,10 +132,7 @@ def failure_policy(job_dir: str, max_restarts: int, store: str | None = None):
                     print(f"Ray Train could not start the worker group ({_first_line(training_failed_error)}); "
                           f"trying again", flush=True)
                 return decision
-            files = JobFiles(Path(job_dir))
-            mirror = JobStore(store) if store else None  # its first pull is at once, then every PULL_S
-            refresh = (lambda: mirror.pull(files)) if mirror else (lambda: None)
-            refresh()
+            refresh(now=True)
             findings = Findings.read(files)
             if findings.preempted_step is None and f"exited with code {PREEMPTED_EXIT_CODE}" in str(training_failed_error):
                 findings = _preemption_marked(files, findings, refresh)
