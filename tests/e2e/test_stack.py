@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 import psutil
 import pytest
 
+from pipeline.dev.s3_server import S3Server
 from pipeline.dev.stack.local import S3_BUCKET
 from tests.e2e.test_airflow_kill import (
     KILL_DAG_SOURCE,
@@ -255,8 +256,8 @@ def test_rest_trigger_with_conf_runs_to_success_and_registers_on_the_mlflow_serv
     import boto3
 
     access_key, secret_key = stack.s3_keys()
-    bucket = boto3.client("s3", endpoint_url=stack.s3_url, region_name="us-east-1", aws_access_key_id=access_key,
-                          aws_secret_access_key=secret_key)
+    bucket = boto3.client("s3", endpoint_url=stack.s3_url, region_name=S3Server.REGION,
+                          aws_access_key_id=access_key, aws_secret_access_key=secret_key)
     keys = [o["Key"] for page in bucket.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET, Prefix="mlflow/")
             for o in page.get("Contents", [])]
     assert any(k.endswith(f"{version.run_id}/artifacts/evaluation/report.html") for k in keys), keys
