@@ -1,6 +1,6 @@
-"""How config fields are declared and read: ``config_field`` (a default, its help and what is allowed),
-building a typed config from a mapping with every value checked, and dotted keys (``flatten``,
-``--set KEY=VALUE``). ``pipeline.config`` declares the sections with them."""
+"""How config fields are declared and read: ``what_field`` and ``where_field`` (a default, its help, what is
+allowed, and whether the field is part of what is made), building a typed config from a mapping with every value
+checked, and dotted keys (``flatten``, ``--set KEY=VALUE``). ``pipeline.config`` declares the sections with them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,59 @@ from typing import Any
 from pipeline.errors import ConfigError
 
 
-def config_field(default: Any, help: str, **rules: Any) -> Any:
+# A field's identity (its metadata's ``identity``): WHAT changes what a run makes (the trained model, the dataset
+# version), so a run's digest, its checkpoints' resume check and its lineage hash it; WHERE changes only how or
+# where the work runs or is watched (paths, worker counts, logging, the gate, the place), which a run may change
+# between tries and still resume.
+WHAT, WHERE = "what", "where"
+IDENTITIES = (WHAT, WHERE)
+
+
+def what_field(default: Any, help: str, **rules: Any) -> Any:
+    """A field that changes what is made: the model trained, or the dataset version prepared."""
+    return _field(default, help, WHAT, rules)
+
+
+def where_field(default: Any, help: str, **rules: Any) -> Any:
+    """A field that changes only how or where the work runs or is watched, never what it makes."""
+    return _field(default, help, WHERE, rules)
+
+
+def _field(default: Any, help: str, identity: str, rules: dict[str, Any]) -> Any:
+    metadata = {"help": help, "identity": identity, **rules}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **rules})
-    return field(default=default, metadata={"help": help, **rules})
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def identity_of(cls: type) -> dict[str, Any]:
+    """``{field: identity}`` of a config section's fields; a section-typed field maps to its own such dict. A field
+    declared without an identity (a plain ``dataclasses.field``) raises: every field must say."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out[f.name] = identity_of(hints[f.name])
+        elif f.metadata.get("identity") in IDENTITIES:
+            out[f.name] = f.metadata["identity"]
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name} declares no identity: declare it with what_field (it changes "
+                            f"what a run makes) or where_field (only how or where the work runs)")
+    return out
+
+
+def only(values: dict[str, Any], identities: dict[str, Any], identity: str) -> dict[str, Any]:
+    """The part of a config's ``asdict`` whose fields have ``identity`` (nested sections kept as dicts)."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        kind = identities.get(name)
+        if isinstance(kind, dict):
+            section = only(value, kind, identity)
+            if section:  # a section with none of them (launch has no what field) is left out
+                out[name] = section
+        elif kind == identity:
+            out[name] = value
+    return out
 
 
 def param_schema(hint: Any, rules: typing.Mapping[str, Any], default: Any) -> dict[str, Any]:

@@ -4,7 +4,8 @@ A page asks for a generated part with a marker on a line of its own:
 
 - ``<!-- generated: config-sections -->``: every section shared by the recipes (``data``, ``train``,
   ``launch``, ``launch.kubernetes``, ``registry``, ``evaluate``), one table per section, read from the
-  dataclasses in ``pipeline/config.py`` (each field's ``config_field(default, help, min=, max=, choices=)``);
+  dataclasses in ``pipeline/config.py`` (each field's ``what_field``/``where_field(default, help, min=, max=,
+  choices=)``, its identity in the column ``is``);
 - ``<!-- generated: recipe-configs -->``: per registered recipe, its metrics, its ``model`` section, what
   its config class changes or adds, its variants and its Params form;
 - ``<!-- generated: recipe-list -->``: one row per registered recipe (name, description, DAG file).
@@ -106,13 +107,14 @@ def sections(cls: type, prefix: str = "") -> list[tuple[str, type]]:
 
 
 def field_table(cls: type, prefix: str, only: set[str] | None = None) -> str:
-    rows = ["| field | type | default | allowed | what |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| field | is | type | default | allowed | what |", "| --- | --- | --- | --- | --- | --- |"]
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint) or (only is not None and f.name not in only):
             continue
-        rows.append(f"| `{prefix}.{f.name}` | `{type_name(hint)}` | {code(field_default(f))} | "
+        rows.append(f"| `{prefix}.{f.name}` | {f.metadata.get('identity', '')} | `{type_name(hint)}` | "
+                    f"{code(field_default(f))} | "
                     f"{allowed(f.metadata)} | {cell(f.metadata.get('help', ''))} |")
     return "\n".join(rows)
 

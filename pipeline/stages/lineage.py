@@ -10,7 +10,7 @@ from pipeline.stages.run import RunInfo
 
 def lineage_tags(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData) -> dict[str, str]:
     """What a model comes from, on its MLflow run and its registered version: the DAG run, the dataset version,
-    the digest of what is trained (``PipelineConfig.what``: where it ran is not part of it) and the code."""
+    the digest of what is trained (``PipelineConfig.identity``: how and where it ran are not part of it) and the code."""
     from pipeline.registry.tracking import code_version
 
     return run.tags() | {

@@ -51,7 +51,7 @@ def train_job(cfg: PipelineConfig, run: RunInfo, dataset: PreparedData, *, map_i
         env={"MLFLOW_RUN_ID": mlflow_run_id, "MLFLOW_TRACKING_URI": deployment.mlflow_tracking_uri()},
     )
     spec.files.root.mkdir(parents=True, exist_ok=True)
-    spec.files.config.write_text(json.dumps(cfg.what(), indent=2))
+    spec.files.config.write_text(json.dumps(cfg.settings(), indent=2))
     spec.files.tracking.write_text(json.dumps({"run_id": mlflow_run_id, "experiment_id": experiment_id,
                                                "url": run_url(experiment_id, mlflow_run_id)}))
     return spec

@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline import deployment
 from pipeline.config import PipelineConfig
-from pipeline.config_fields import build, config_field
+from pipeline.config_fields import build, where_field
 from pipeline.errors import ConfigError
 from pipeline.sweep.space import SearchSpace, check_point
 
@@ -28,20 +28,20 @@ DIRECTIONS = ("auto", "minimize", "maximize")
 
 @dataclass(kw_only=True)
 class SweepConfig:
-    n_trials: int = config_field(8, "Trials of the sweep: the train task is mapped over this many slots.", min=1, max=1000)
-    objective: str = config_field(
+    n_trials: int = where_field(8, "Trials of the sweep: the train task is mapped over this many slots.", min=1, max=1000)
+    objective: str = where_field(
         "val_loss", "The per-epoch validation metric the study optimises and the pruner compares (val_loss or "
         "val_<metric>, as the epoch lines of the training log name them).")
-    direction: str = config_field(
+    direction: str = where_field(
         "auto", "minimize or maximize the objective; auto: minimize val_loss, and a val_<metric> the way the "
         "recipe's metric improves.", choices=list(DIRECTIONS))
-    pruner: str = config_field(
+    pruner: str = where_field(
         "median", "What stops a trial early: median (its epoch's value worse than the median of the finished "
         "trials' at that epoch), successive_halving (asynchronous), or none.",
         choices=["median", "successive_halving", "none"])
-    prune_after_trials: int = config_field(2, "Finished trials before the median pruner prunes any.", min=0, max=1000)
-    prune_after_epochs: int = config_field(1, "Epochs a trial always trains before it can be pruned.", min=0, max=1000)
-    sampler_seed: int = config_field(0, "Seed of the TPE sampler.", min=0)
+    prune_after_trials: int = where_field(2, "Finished trials before the median pruner prunes any.", min=0, max=1000)
+    prune_after_epochs: int = where_field(1, "Epochs a trial always trains before it can be pruned.", min=0, max=1000)
+    sampler_seed: int = where_field(0, "Seed of the TPE sampler.", min=0)
 
 
 @dataclass(frozen=True)

@@ -120,25 +120,25 @@ def test_the_serialized_config_carries_its_recipe_and_is_read_back_as_that_recip
         config_from_dict({k: v for k, v in raw.items() if k != "recipe"})
 
 
-def test_what_is_trained_leaves_out_where_it_runs_and_reads_back_with_the_default_launch():
+def test_the_settings_leave_out_where_it_runs_and_read_back_with_the_default_launch():
     from pipeline.launch_config import LaunchConfig
     from pipeline.recipes import config_from_dict
 
     cfg = get_recipe("two_tower").config("tiny").with_overrides({
         "launch.kind": "kubernetes", "launch.nproc_per_node": 8, "launch.kubernetes.namespace": "team-b"})
-    what = json.loads(json.dumps(cfg.what()))
-    assert set(what) == set(cfg.to_dict()) - {"launch"} and what["recipe"] == "two_tower"
+    settings = json.loads(json.dumps(cfg.settings()))
+    assert set(settings) == set(cfg.to_dict()) - {"launch"} and settings["recipe"] == "two_tower"
     assert set(cfg.as_params()) == {key for key in cfg.flat() if not key.startswith("launch.")}
-    back = config_from_dict(what)  # what a rank reads from its config file
-    assert back.launch == LaunchConfig() and back.what() == cfg.what() and back.digest() == cfg.digest()
-    assert type(cfg).from_flat(cfg.as_params()).what() == cfg.what()
+    back = config_from_dict(settings)  # what a rank reads from its config file
+    assert back.launch == LaunchConfig() and back.settings() == cfg.settings() and back.digest() == cfg.digest()
+    assert type(cfg).from_flat(cfg.as_params()).settings() == cfg.settings()
 
 
 def test_a_rank_finds_its_recipe_in_the_config_and_its_job_folder_in_the_environment(tmp_path, monkeypatch):
     from pipeline.rank import parse_args, resolve
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(get_recipe("two_tower").config("tiny").what()))  # as the train task writes it
+    config.write_text(json.dumps(get_recipe("two_tower").config("tiny").settings()))  # as the train task writes it
     monkeypatch.setenv("PIPELINE_JOB_DIR", str(tmp_path / "job"))
     recipe, cfg, out = resolve(parse_args(["--config", str(config), "--dataset", "d", "--set", "train.epochs=3"]))
     assert (recipe.name, cfg.RECIPE, cfg.train.epochs, out) == ("two_tower", "two_tower", 3, tmp_path / "job")

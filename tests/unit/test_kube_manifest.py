@@ -167,7 +167,7 @@ def test_launch_kubernetes_is_chosen_per_run_by_overrides_and_checked_like_any_f
                                                    "launch.kubernetes.image": "reg/ddp:2"}})
     assert (cfg.launch.kind, cfg.launch.nnodes, cfg.launch.kubernetes.image) == ("kubernetes", 2, "reg/ddp:2")
     # Where it runs is no part of the MLflow params (what is trained is): they read back without it.
-    assert type(cfg).from_flat(cfg.as_params()).what() == cfg.what()
+    assert type(cfg).from_flat(cfg.as_params()).settings() == cfg.settings()
     assert [key for key in cfg.as_params() if key.startswith("launch.")] == []
     assert recipe.config().launch.kind == "local"  # the default (and make demo) stays local
     with pytest.raises(ConfigError, match="launch.kubernetes.shm_size_gb=0.0: expected a value >= 0.0625"):

@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline import storage
 from pipeline.config import DataConfig
+from pipeline.config_fields import WHAT, identity_of, only
 from pipeline.data.prepare import mds_writer, splits
 from pipeline.data.prepare.plan import Plan, SourceFile
 from pipeline.data.prepare.rows import BAD_EXAMPLES
@@ -132,16 +133,12 @@ def describe(f: SourceFile) -> dict[str, Any]:
     return {"path": f.uri, "relpath": f.relpath, "bytes": f.size, "sha256": digest.hexdigest()}
 
 
-_NOT_IN_VERSION = ("input_path", "format", "batch_rows", "workers", "max_bad_fraction", "partition_key", "reader",
-                   "window_intervals")
-
-
 def content_version(described: list[dict[str, Any]], cfg: DataConfig, fmt: str, interval: tuple[str, str] | None,
                     transform_files: list[list[str]] | None = None) -> str:
-    """Content digest of the inputs (bytes and names: names key the splits) and of every setting that
-    changes the output, a row transform's files included. Worker count and batch size do not: the
-    output is the same for any."""
-    relevant = {k: v for k, v in asdict(cfg).items() if k not in _NOT_IN_VERSION}
+    """Content digest of the inputs (bytes and names: names key the splits) and of every setting declared to
+    change the output (``what_field``), a row transform's files included. Where the input lies, worker count and
+    batch size are ``where_field``s: the output is the same for any."""
+    relevant = only(asdict(cfg), identity_of(type(cfg)), WHAT)
     if not relevant.get("transform"):
         relevant.pop("transform", None)  # versions made before row transforms keep their digest
     content = {

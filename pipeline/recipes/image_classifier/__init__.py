@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.config import ModelConfig, PipelineConfig
-from pipeline.config_fields import config_field
+from pipeline.config_fields import what_field
 from pipeline.data.packaged import FASHION_MNIST_CLASSES
 from pipeline.evaluate.directions import CLASSIFICATION
 from pipeline.recipes.base import Recipe
@@ -19,16 +19,16 @@ NAME = "image_classifier"
 
 @dataclass(kw_only=True)
 class ImageModelConfig(ModelConfig):
-    widths: list[int] = config_field(
+    widths: list[int] = what_field(
         [32, 64, 128], "Channels of each ResNet stage; every stage after the first halves the resolution.",
         min=1, max=4096,
     )
-    depth: int = config_field(1, "Residual blocks (two 3x3 convolutions each) per stage.", min=1, max=16)
-    dropout: float = config_field(0.1, "Dropout before the classifier.", min=0.0, max=0.9)
-    augment: bool = config_field(True, "Random shifts and rotations of training images, on the fly on the device.")
-    max_shift: float = config_field(0.1, "Largest random shift, as a fraction of the image size.", min=0.0, max=0.5)
-    max_rotation_deg: float = config_field(10.0, "Largest random rotation in degrees.", min=0.0, max=180.0)
-    class_names: list[str] = config_field(
+    depth: int = what_field(1, "Residual blocks (two 3x3 convolutions each) per stage.", min=1, max=16)
+    dropout: float = what_field(0.1, "Dropout before the classifier.", min=0.0, max=0.9)
+    augment: bool = what_field(True, "Random shifts and rotations of training images, on the fly on the device.")
+    max_shift: float = what_field(0.1, "Largest random shift, as a fraction of the image size.", min=0.0, max=0.5)
+    max_rotation_deg: float = what_field(10.0, "Largest random rotation in degrees.", min=0.0, max=180.0)
+    class_names: list[str] = what_field(
         [], "Names of the label classes in their sorted order (IDX labels 0..9: the names of those digits); "
         "empty names each class by its label. The registered model returns these names.",
     )

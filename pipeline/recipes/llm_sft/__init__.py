@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.config import DataConfig, EvaluateConfig, ModelConfig, PipelineConfig
-from pipeline.config_fields import config_field
+from pipeline.config_fields import what_field, where_field
 from pipeline.evaluate.directions import LANGUAGE_MODEL
 from pipeline.recipes.base import Recipe
 
@@ -21,27 +21,27 @@ NAME = "llm_sft"
 
 @dataclass(kw_only=True)
 class LlmDataConfig(DataConfig):
-    transform: str = config_field(
+    transform: str = what_field(
         "pipeline.recipes.llm_sft.tokenize:make", "Row transform of the preparation: this recipe's tokenization."
     )
-    label_column: str = config_field("", "Unused by this recipe (the labels are the completions' tokens).")
-    tokenizer_path: str = config_field(
+    label_column: str = what_field("", "Unused by this recipe (the labels are the completions' tokens).")
+    tokenizer_path: str = what_field(
         "", "Local folder of a Hugging Face tokenizer (tokenizer.json, tokenizer_config.json); relative paths are "
         "taken from the folder of data.input_path. Its files are part of the dataset version and are copied into it. "
         "Nothing is fetched from a hub.",
     )
-    prompt_column: str = config_field("prompt", "Column of the prompts (prompt/response data).")
-    response_column: str = config_field("response", "Column of the completions the loss is on (prompt/response data).")
-    messages_column: str = config_field(
+    prompt_column: str = what_field("prompt", "Column of the prompts (prompt/response data).")
+    response_column: str = what_field("response", "Column of the completions the loss is on (prompt/response data).")
+    messages_column: str = what_field(
         "messages", "Column of chat conversations (lists of {role, content}); when the input has it, the loss is on "
         "the last assistant message and the tokenizer's chat template formats the conversation.",
     )
-    max_seq_len: int = config_field(128, "Tokens per training sequence.", min=8, max=131_072)
-    overlong: str = config_field(
+    max_seq_len: int = what_field(128, "Tokens per training sequence.", min=8, max=131_072)
+    overlong: str = what_field(
         "truncate", "An example longer than max_seq_len: truncate keeps its first max_seq_len tokens (dropped when no "
         "completion token is left), drop drops it; both are counted in the manifest.", choices=["truncate", "drop"],
     )
-    packing: bool = config_field(
+    packing: bool = what_field(
         False, "Pack training examples into full max_seq_len sequences (whole examples, in order; attention spans "
         "the examples of a sequence). Validation and test rows stay one example each.",
     )
@@ -49,34 +49,34 @@ class LlmDataConfig(DataConfig):
 
 @dataclass(kw_only=True)
 class LlmModelConfig(ModelConfig):
-    pretrained_path: str = config_field(
+    pretrained_path: str = what_field(
         "", "Local folder of a causal-LM checkpoint (AutoModelForCausalLM); relative paths are taken from the folder "
         "of data.input_path; empty builds a Llama-style model from the fields below. A hub name is refused: nothing "
         "is fetched at run time.",
     )
-    hidden_size: int = config_field(64, "Width of the Llama-style model built from a config.", min=8, max=65_536)
-    num_layers: int = config_field(2, "Decoder layers of the model built from a config.", min=1, max=256)
-    num_heads: int = config_field(4, "Attention heads.", min=1, max=256)
-    num_kv_heads: int = config_field(4, "Key/value heads (fewer than num_heads: grouped-query attention).", min=1, max=256)
-    intermediate_size: int = config_field(256, "Width of the MLP of each layer.", min=8, max=262_144)
-    tie_embeddings: bool = config_field(True, "Share the input embedding and the output projection.")
-    lora: bool = config_field(
+    hidden_size: int = what_field(64, "Width of the Llama-style model built from a config.", min=8, max=65_536)
+    num_layers: int = what_field(2, "Decoder layers of the model built from a config.", min=1, max=256)
+    num_heads: int = what_field(4, "Attention heads.", min=1, max=256)
+    num_kv_heads: int = what_field(4, "Key/value heads (fewer than num_heads: grouped-query attention).", min=1, max=256)
+    intermediate_size: int = what_field(256, "Width of the MLP of each layer.", min=8, max=262_144)
+    tie_embeddings: bool = what_field(True, "Share the input embedding and the output projection.")
+    lora: bool = what_field(
         False, "Train LoRA adapters (peft) instead of every weight; checkpoints hold the adapters, the registered "
         "model has them merged into the base.")
-    lora_rank: int = config_field(8, "LoRA rank.", min=1, max=1024)
-    lora_alpha: float = config_field(16.0, "LoRA alpha (the update is scaled by alpha / rank).", min=0.0)
-    lora_dropout: float = config_field(0.05, "Dropout on the LoRA path.", min=0.0, max=0.9)
-    lora_target_modules: list[str] = config_field(
+    lora_rank: int = what_field(8, "LoRA rank.", min=1, max=1024)
+    lora_alpha: float = what_field(16.0, "LoRA alpha (the update is scaled by alpha / rank).", min=0.0)
+    lora_dropout: float = what_field(0.05, "Dropout on the LoRA path.", min=0.0, max=0.9)
+    lora_target_modules: list[str] = what_field(
         ["q_proj", "k_proj", "v_proj", "o_proj"], "Module names that get LoRA adapters.")
-    lora_layers: list[int] = config_field(
+    lora_layers: list[int] = what_field(
         [], "Decoder layers (indices from 0) that get LoRA adapters; empty: every layer. Adapting only the upper "
         "layers spares the backward pass through the lower ones.")
-    gradient_checkpointing: bool = config_field(False, "Recompute activations in the backward pass (less memory).")
-    compile: bool = config_field(False, "torch.compile the model (GPUs; the first steps compile).")
-    eval_max_new_tokens: int = config_field(16, "Tokens generated per held-out prompt for exact match.", min=1, max=4096)
-    eval_batch_size: int = config_field(64, "Prompts per batch of greedy generation.", min=1, max=4096)
-    eval_max_examples: int = config_field(0, "Held-out examples generated for; 0: all of the test split.", min=0)
-    report_samples: int = config_field(20, "Sample generations shown in the report.", min=0, max=1000)
+    gradient_checkpointing: bool = where_field(False, "Recompute activations in the backward pass (less memory).")
+    compile: bool = where_field(False, "torch.compile the model (GPUs; the first steps compile).")
+    eval_max_new_tokens: int = where_field(16, "Tokens generated per held-out prompt for exact match.", min=1, max=4096)
+    eval_batch_size: int = where_field(64, "Prompts per batch of greedy generation.", min=1, max=4096)
+    eval_max_examples: int = where_field(0, "Held-out examples generated for; 0: all of the test split.", min=0)
+    report_samples: int = where_field(20, "Sample generations shown in the report.", min=0, max=1000)
 
 
 @dataclass(kw_only=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pipeline import deployment
 from pipeline.config import ModelConfig, PipelineConfig
-from pipeline.config_fields import config_field
+from pipeline.config_fields import what_field
 from pipeline.evaluate.directions import CLASSIFICATION
 from pipeline.recipes.base import Recipe
 
@@ -19,8 +19,8 @@ DAILY_DATASET = f"{NAME}_daily"  # one version per day, prepared by the tabular_
 
 @dataclass(kw_only=True)
 class TabularModelConfig(ModelConfig):
-    hidden_sizes: list[int] = config_field([128, 64], "Widths of the hidden layers.", min=1, max=8192)
-    dropout: float = config_field(0.1, "Dropout after each hidden layer.", min=0.0, max=0.9)
+    hidden_sizes: list[int] = what_field([128, 64], "Widths of the hidden layers.", min=1, max=8192)
+    dropout: float = what_field(0.1, "Dropout after each hidden layer.", min=0.0, max=0.9)
 
 
 @dataclass(kw_only=True)

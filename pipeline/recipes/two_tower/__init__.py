@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.config import EvaluateConfig, ModelConfig, PipelineConfig
-from pipeline.config_fields import config_field
+from pipeline.config_fields import what_field, where_field
 from pipeline.evaluate.directions import RETRIEVAL
 from pipeline.recipes.base import Recipe
 
@@ -21,32 +21,32 @@ NAME = "two_tower"
 
 @dataclass(kw_only=True)
 class TwoTowerModelConfig(ModelConfig):
-    user_id_column: str = config_field("user_id", "Column of user ids (declared categorical: each id is embedded).")
-    item_id_column: str = config_field("item_id", "Column of item ids (declared categorical: each id is embedded).")
-    user_features: list[str] = config_field(
+    user_id_column: str = what_field("user_id", "Column of user ids (declared categorical: each id is embedded).")
+    item_id_column: str = what_field("item_id", "Column of item ids (declared categorical: each id is embedded).")
+    user_features: list[str] = what_field(
         ["user_segment", "user_age"], "Columns describing the user (categorical or numeric) the user tower reads "
         "beside the id; a registered model's input rows carry the id and these.")
-    item_features: list[str] = config_field(
+    item_features: list[str] = what_field(
         ["item_category", "item_price"], "Columns describing the item the item tower reads beside the id; "
         "an item's newest training row gives its features.")
-    history_length: int = config_field(
+    history_length: int = what_field(
         0, "The user tower also reads the user's last history_length items before the row's time (the mean of their "
         "embeddings; data.time_column orders them); 0: no history. A registered model's input rows then carry "
         "'history', the user's recent item ids, oldest first.", min=0, max=10_000)
-    embedding_dim: int = config_field(32, "Size of the user and item embeddings that are compared.", min=2, max=4096)
-    id_embedding_dim: int = config_field(32, "Size of the user-id and item-id embeddings.", min=1, max=4096)
-    feature_embedding_dim: int = config_field(8, "Size of each categorical feature's embedding.", min=1, max=1024)
-    user_tower: list[int] = config_field([64], "Hidden widths of the user tower's MLP.", min=1, max=65_536)
-    item_tower: list[int] = config_field([64], "Hidden widths of the item tower's MLP.", min=1, max=65_536)
-    temperature: float = config_field(0.05, "Softmax temperature of the cosine scores.", min=1e-4, max=10.0)
-    logq_correction: bool = config_field(
+    embedding_dim: int = what_field(32, "Size of the user and item embeddings that are compared.", min=2, max=4096)
+    id_embedding_dim: int = what_field(32, "Size of the user-id and item-id embeddings.", min=1, max=4096)
+    feature_embedding_dim: int = what_field(8, "Size of each categorical feature's embedding.", min=1, max=1024)
+    user_tower: list[int] = what_field([64], "Hidden widths of the user tower's MLP.", min=1, max=65_536)
+    item_tower: list[int] = what_field([64], "Hidden widths of the item tower's MLP.", min=1, max=65_536)
+    temperature: float = what_field(0.05, "Softmax temperature of the cosine scores.", min=1e-4, max=10.0)
+    logq_correction: bool = what_field(
         True, "Subtract log(item frequency) from in-batch logits: in-batch negatives are drawn by popularity, "
         "and without it popular items are over-penalized.")
-    exclude_seen: bool = config_field(
+    exclude_seen: bool = where_field(
         True, "Evaluation leaves the items of a user's training rows out of their ranking (and the baseline's), as a "
         "catalogue that shows a user only what they have not had yet would; false where users come back to items.")
-    top_k: int = config_field(100, "Items the registered model returns per user unless the request's params "
-                              "say k; evaluation reads recall@50 from it.", min=50, max=100_000)
+    top_k: int = what_field(100, "Items the registered model returns per user unless the request's params "
+                            "say k; evaluation reads recall@50 from it.", min=50, max=100_000)
 
 
 @dataclass(kw_only=True)
