@@ -1,15 +1,11 @@
 """Data, by what it does: writing a version from raw sources (``prepare``: validated, versioned MDS datasets with a
 manifest), published versions and their checks (``versions``), and reading them for training (``read``); beside
-them image decoding (``images``), the demo's synthetic inputs (``demo``), real data sets that system packages
-ship (``packaged``) and streaming imported without its dataset zoo (``streaming_import``)."""
+them image decoding (``images``), the demo's synthetic inputs (``demo``) and real data sets that system packages
+ship (``packaged``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from pipeline.data.streaming_import import defer_zoo
-
-defer_zoo()  # before any module of the pipeline imports streaming: its dataset zoo is not imported
 
 
 def local_path(uri: str) -> Path:
