@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from pipeline.private_apis import mlflow_modules_to_packages
+
 log = logging.getLogger(__name__)
 
 AUTOGROUP = Path("/proc/self/autogroup")  # Linux: this session's scheduling group, "/autogroup-N nice K"
@@ -52,16 +54,9 @@ def modules() -> list[str]:
     return [] if value.strip().lower() in ("", "none") else [name.strip() for name in value.split(",") if name.strip()]
 
 
-def _mlflow_distributions() -> None:
-    # The first model logged in a process maps every installed distribution to its modules, for the model's
-    # requirements (importlib.metadata.packages_distributions: about 1.2 s), and MLflow keeps the map.
-    from mlflow.utils import requirements_utils
-
-    requirements_utils._init_modules_to_packages_map()
-
-
-# What a preloaded module's first use computes once per process and keeps: computed here too.
-AFTER_IMPORT = {"mlflow.pyfunc": _mlflow_distributions}
+# What a preloaded module's first use computes once per process and keeps: computed here too. MLflow's first logged
+# model maps every installed distribution to its modules, for the model's requirements (about 1.2 s).
+AFTER_IMPORT = {"mlflow.pyfunc": mlflow_modules_to_packages}
 
 
 def preload(names: list[str] | None = None) -> dict[str, float]:

@@ -10,9 +10,11 @@ task relays).
   need ``use_cpu=True``: without it the Trainer joins no process group there, and each rank would train a
   model of its own and write the same checkpoint files as the others; the callback refuses that (``ConfigError``)
   when the Trainer is created.
-- Lightning: ``Trainer(callbacks=[lightning_callback(ctx, ...)], enable_checkpointing=False)``, resumed with
-  ``fit(..., ckpt_path=last_lightning_checkpoint(ctx))``. Checkpoints go through the job's
-  ``CheckpointStore`` (atomic, verified, pruned), with the loaders' state for a mid-epoch resume.
+- Lightning: ``callback = lightning_callback(ctx, ...)``, then ``Trainer(callbacks=[callback],
+  plugins=[callback.checkpoint_io], enable_checkpointing=False)``, resumed with
+  ``fit(..., ckpt_path=last_lightning_checkpoint(ctx))``. The callback's saves are Lightning's own
+  ``trainer.save_checkpoint``, which hands the trainer's state to that ``CheckpointIO`` plugin, and the plugin
+  to the job's ``CheckpointStore`` (atomic, verified, pruned), with the loaders' state for a mid-epoch resume.
 
 Both stop safely on SIGTERM (an eviction, a spot reclaim; ``pipeline.train.preemption``): every rank
 finishes its step, they agree on the step, the trainer checkpoints it where the resume looks, rank 0
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from numbers import Number
 
 from pipeline.errors import ConfigError
@@ -113,13 +116,26 @@ def last_huggingface_checkpoint(ctx: RunContext) -> str | None:
 
 def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: int):
     """A ``lightning.pytorch.Callback`` bound to ``ctx``: heartbeats, progress lines, metrics, a
-    checkpoint every ``every_steps`` optimizer steps (and at the end of each epoch), and the stop on SIGTERM."""
+    checkpoint every ``every_steps`` optimizer steps (and at the end of each epoch), and the stop on SIGTERM.
+    Its ``checkpoint_io`` goes in the Trainer's ``plugins``: the checkpoints reach the job's store through it."""
     import pytorch_lightning as pl
+    from pytorch_lightning.plugins.io import TorchCheckpointIO
 
     stop_request = preemption.install()
 
+    class RunContextCheckpointIO(TorchCheckpointIO):
+        """Lightning's checkpoint writer, sending the callback's saves to the job's ``CheckpointStore``. Any other
+        save (a ``ModelCheckpoint``, a recipe's own call) and every load are Lightning's own, on files."""
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            if isinstance(storage_options, _ToStore):
+                ctx.checkpoints.save(storage_options.step, checkpoint)
+            else:
+                super().save_checkpoint(checkpoint, path, storage_options)
+
     class LightningRunContext(pl.Callback):
         def __init__(self):
+            self.checkpoint_io = RunContextCheckpointIO()
             self.started = time.perf_counter()
             self.resumed_from_step = 0
             self.saved_step = -1
@@ -127,6 +143,11 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             self.samples = 0
 
         def setup(self, trainer, pl_module, stage):
+            if trainer.strategy.checkpoint_io is not self.checkpoint_io:
+                raise ConfigError("the Lightning Trainer writes its checkpoints with "
+                                  f"{type(trainer.strategy.checkpoint_io).__name__}: pass the run context's callback's "
+                                  "plugin, Trainer(plugins=[callback.checkpoint_io], ...), so that they land in the "
+                                  "job's checkpoint store, where a restarted rank resumes from")
             ctx.heartbeat.beat(trainer.global_step, phase="setting up", force=True)
 
         def on_train_start(self, trainer, pl_module):
@@ -186,12 +207,10 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
                     "resumed_from_step": self.resumed_from_step}
 
         def save(self, trainer, step: int) -> None:
-            """Rank 0 writes the trainer's whole state (model, optimizer, loops, loaders' positions)
-            as checkpoint ``step`` of the job's store; every rank waits for it."""
+            """Every rank: the trainer's whole state (model, optimizer, loops, loaders' positions) as checkpoint
+            ``step`` of the job's store, which rank 0 writes (``checkpoint_io``); every rank waits for it."""
             ctx.heartbeat.beat(step, phase="checkpointing", force=True)
-            if trainer.is_global_zero:
-                ctx.checkpoints.save(step, trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
-            trainer.strategy.barrier("checkpoint")
+            trainer.save_checkpoint(ctx.checkpoints.location, weights_only=False, storage_options=_ToStore(step))
             self.saved_step = step
 
         def stop_preempted(self, trainer, step: int) -> None:
@@ -207,6 +226,13 @@ def lightning_callback(ctx: RunContext, *, every_steps: int, log_every_steps: in
             stop_request.stop(rank=trainer.global_rank, step=step)
 
     return LightningRunContext()
+
+
+@dataclass(frozen=True)
+class _ToStore:
+    """``trainer.save_checkpoint``'s ``storage_options`` for a save into the job's store, as checkpoint ``step``."""
+
+    step: int
 
 
 def scalar_metrics(trainer) -> dict[str, float]:

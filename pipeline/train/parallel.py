@@ -12,6 +12,7 @@ same forwards on every rank (generating text), the whole model on every rank for
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from torch import nn
 
 from pipeline.config import TrainConfig
 from pipeline.errors import ConfigError
+from pipeline.private_apis import fsdp_lazy_init
 from pipeline.train.checkpoint import is_sharded, load_shards
 from pipeline.train.distributed import DistContext
 
@@ -38,21 +40,20 @@ def default_units(model: nn.Module) -> list[nn.Module]:
 
 
 def checkpoint_activations(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
-    """Each unit replaced in its parent by a wrapper that keeps only its inputs in the forward and recomputes
-    its activations in the backward (state dict keys unchanged); the wrapped units, in order."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    """Each unit's forward run under ``torch.utils.checkpoint`` (non-reentrant): it keeps only its inputs in the
+    forward and recomputes its activations in the backward. The units stay where they are, so the model's module
+    tree, state dict keys, parameter names and the checkpoints' keys are the plain model's; returns the units."""
+    from torch.utils.checkpoint import checkpoint
 
-    parents = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}
-    wrapped = []
+    inside = {id(module) for module in model.modules() if module is not model}
     for unit in units:
-        if id(unit) not in parents:
+        if id(unit) not in inside:
             raise ConfigError("train.activation_checkpointing: the recipe's blocks must be submodules of its model, "
                               f"not the model itself ({type(unit).__name__})")
-        parent, name = parents[id(unit)]
-        wrapper = checkpoint_wrapper(unit)
-        parent.register_module(name, wrapper)
-        wrapped.append(wrapper)
-    return wrapped
+        # An instance attribute: nn.Module.__call__ runs it between the unit's hooks, so FSDP's gather before the
+        # forward and its reshard after stay outside the recomputed part, as around a wrapper module.
+        unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
+    return list(units)
 
 
 class Replicated:
@@ -111,9 +112,9 @@ class Sharded:
         for unit in units:
             fully_shard(unit, **options)
         fully_shard(model, **options)
-        # What the root's first forward would do (FSDP2 has no public call for it): done now, so that a forward
-        # entering below the root (peft's generate calls the wrapped model's own) finds every unit under it.
-        model._get_fsdp_state()._lazy_init()
+        # What the root's first forward would do: done now, so that a forward entering below the root (peft's
+        # generate calls the wrapped model's own) finds every unit under it.
+        fsdp_lazy_init(model)
         self.model = self.wrapped = model
         self.units = len(units)
         self._reshard_after_forward = tc.reshard_after_forward

@@ -52,19 +52,27 @@ def test_the_default_blocks_are_the_children_with_parameters_and_a_containers_me
 
 
 def test_activation_checkpointing_keeps_the_state_dict_keys_and_the_gradients():
+    class Counted(nn.Linear):
+        def forward(self, x):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().forward(x)
+
     torch.manual_seed(0)
-    plain = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    wrapped = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    plain = nn.Sequential(Counted(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    wrapped = nn.Sequential(Counted(4, 8), nn.Tanh(), nn.Linear(8, 1))
     wrapped.load_state_dict(plain.state_dict())
     parallelize(wrapped, DistContext(0, 0, 1, torch.device("cpu"), None), TrainConfig(activation_checkpointing=True),
                 bf16=False)
-    assert type(wrapped[0]).__name__ == "CheckpointWrapper"
     assert list(wrapped.state_dict()) == list(plain.state_dict())
+    assert [name for name, _ in wrapped.named_parameters()] == [name for name, _ in plain.named_parameters()]
     x = torch.randn(5, 4)
     plain(x).sum().backward()
     wrapped(x).sum().backward()
+    assert (plain[0].calls, wrapped[0].calls) == (1, 2)  # the block's forward ran again in the backward
     for a, b in zip(plain.parameters(), wrapped.parameters()):
         assert torch.allclose(a.grad, b.grad)
+    fresh = nn.Sequential(Counted(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    fresh.load_state_dict(wrapped.state_dict())  # what the export of a checkpointed model does
 
 
 def test_the_lr_goes_on_by_the_samples_trained_when_the_world_halves():

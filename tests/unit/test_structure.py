@@ -73,7 +73,8 @@ LAYERS = [
     ["pipeline.errors"],
     ["pipeline.node_usage", "pipeline.storage"],  # a node's utilisation; files on a folder or an object store
     ["pipeline.deployment", "pipeline.process_table", "pipeline.fast_exit", "pipeline.network", "pipeline.stopwatch",
-     "pipeline.diskspace", "pipeline.config_fields", "pipeline.results", "pipeline.job_files"],  # job folder contract
+     "pipeline.diskspace", "pipeline.config_fields", "pipeline.results", "pipeline.job_files",  # job folder contract
+     "pipeline.private_apis"],  # other libraries' private calls
     ["pipeline.launch_config"],  # where a run trains: the config's launch section
     ["pipeline.config", "pipeline.toolchains"],
     ["pipeline.data", "pipeline.registry", "pipeline.evaluate", "pipeline.sweep"],

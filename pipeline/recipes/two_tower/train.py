@@ -4,9 +4,9 @@ launcher, the catalogue's item embeddings, packaging, and the held-out interacti
 Lightning does not start processes here: ``Trainer(strategy="ddp", devices=LOCAL_WORLD_SIZE,
 num_nodes=...)`` joins the process group the place's torchrun set up, and reads the data through the
 pipeline's resumable StreamingDataset loaders (its own distributed sampler off). The run context
-reaches it as one callback (``pipeline.train.callbacks.lightning_callback``): heartbeats for the stall
-watchdog, progress lines, metrics to MLflow, and checkpoints in the job's store, which a restarted rank
-or an Airflow retry resumes from, mid-epoch included.
+reaches it as one callback (``pipeline.train.callbacks.lightning_callback``) and the checkpoint plugin it
+carries: heartbeats for the stall watchdog, progress lines, metrics to MLflow, and checkpoints in the job's
+store, which a restarted rank or an Airflow retry resumes from, mid-epoch included.
 """
 
 from __future__ import annotations
@@ -189,8 +189,9 @@ def run(cfg, ctx, data: TrainingData) -> dict[str, Any]:
     trainer = pl.Trainer(
         accelerator="gpu" if ctx.dist.device.type == "cuda" else "cpu", devices=devices,
         num_nodes=max(1, ctx.dist.world_size // devices), strategy="ddp" if ctx.dist.enabled else "auto",
-        max_epochs=tc.epochs, use_distributed_sampler=False, callbacks=[callback], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        max_epochs=tc.epochs, use_distributed_sampler=False, callbacks=[callback], plugins=[callback.checkpoint_io],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0,
         default_root_dir=str(ctx.out_dir),
     )
     torch.manual_seed(tc.seed + ctx.dist.rank)
