@@ -1,11 +1,12 @@
 """The supervisor's policy for a deferred task (``launch.<kind>.deferrable``): an attempt split around
 Airflow's triggerer, so that no worker slot waits for the job.
 
-``start`` (on a worker) prepares the job folder as every attempt does, submits the attempt to the place
-and defers to ``AttemptTrigger``; ``complete`` (on a worker again) tears the attempt down whatever the
-event says, then asks the one restart decision (``pipeline.job.policy.decide``): rank 0's result, a user error
-(the operator fails without retries), a replacement attempt while ``launch.max_restarts`` allows (deferred in
-its turn), or the failure (retryable). Only a ``pipeline.job.places.DeferrablePlace`` defers.
+``start`` (on a worker) begins the attempt as the supervisor does (``pipeline.job.attempts.begin``), submits it
+to the place and defers to ``AttemptTrigger``; ``complete`` (on a worker again) tears the attempt down whatever
+the event says, ends it as the supervisor does (``attempts.close``) and asks the one restart decision
+(``attempts.verdict``): rank 0's result, a user error (the operator fails without retries), a replacement attempt
+while ``launch.max_restarts`` allows (deferred in its turn), or the failure (retryable). Only a
+``pipeline.job.places.DeferrablePlace`` defers.
 """
 
 from __future__ import annotations
@@ -14,13 +15,11 @@ import time
 from typing import Any, NoReturn
 
 from pipeline.airflow.connections import AirflowClusters
+from pipeline.job import attempts
 from pipeline.job.places import deferrable_place
-from pipeline.job.policy import Ended, Findings, decide
+from pipeline.job.policy import Ended
 from pipeline.job.spec import Attempt, JobSpec
-from pipeline.job import cost
-from pipeline.job.mirror import JobStore
-from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S, figure_lines, restarts_allowed, run_figures
-from pipeline.job_files import read_heartbeats
+from pipeline.job.supervisor import METRICS_FLUSH_TIMEOUT_S
 
 
 def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
@@ -28,10 +27,7 @@ def start(operator, spec: JobSpec, *, restart: int, started: float) -> NoReturn:
 
     attempt = Attempt(spec, restart)
     place = deferrable_place(spec, AirflowClusters())
-    spec.files.begin_attempt(restart)
-    store = JobStore.for_job(spec.job_dir, spec.launch.kind)
-    if store:
-        store.begin_attempt(spec.files)
+    store = attempts.begin(attempt)
     place.submit(attempt, operator.log.info)
     operator.log.info("waiting in the triggerer for attempt %d of %s", restart + 1, spec.name)
     operator.defer(
@@ -55,23 +51,18 @@ def complete(operator, spec: JobSpec, event: dict[str, Any], *, restart: int, st
     place = deferrable_place(spec, AirflowClusters())
     place.teardown(attempt, spec.launch.grace_period_s)
     operator.log.info("attempt %d of %s torn down", restart + 1, spec.name)
-    store = JobStore.for_job(spec.job_dir, spec.launch.kind)
-    if store:
-        store.pull(spec.files, now=True)  # what the nodes wrote last: result, errors, marker
-    metrics = flushed(spec, metrics_flush_timeout_s, operator.log.info)
     end = Ended(str(event.get("status")), str(event.get("message", "")))
-    cost.record(spec.files.attempts, spec.launch, started=float(event.get("started_at") or time.time()),
-                ended=time.time(), ranks=len(read_heartbeats(spec.files.progress)), status=end.status,
-                try_number=spec.try_number, restart=restart)
-    decision = decide(end, Findings.read(spec.files, attempt.log_dir), restart=restart,
-                      max_restarts=restarts_allowed(place, spec))
-    if decision.action == "finish":
-        for line in figure_lines(run_figures(spec.files)):
-            operator.log.info("%s", line)
-        return metrics.into(spec.files.read_result())
+    attempts.close(attempt, end.status, started=float(event.get("started_at") or time.time()),
+                   store=attempts.store_of(spec))
+    metrics = flushed(spec, metrics_flush_timeout_s, operator.log.info)
+    decision = attempts.verdict(attempt, end)
     if decision.action == "restart":
         operator.log.info("%s", decision.notice)
         start(operator, spec, restart=restart + 1, started=started)
+    for line in attempts.closing_lines(spec):  # the run's end, as the supervisor's: finished or failed
+        operator.log.info("%s", line)
+    if decision.action == "finish":
+        return metrics.into(spec.files.read_result())
     raise decision.error
 
 

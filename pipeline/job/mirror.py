@@ -18,7 +18,7 @@ folder as it polls (at most every ``PULL_S``) and once after each attempt, so th
 the metrics relay, the user-error report and the result read the same files as from a shared folder.
 
 A Ray job's workers do the agent's part themselves (``pipeline.job.ray.worker``: each fetches ``in/`` and pushes its
-own files under ``nodes/RANK/``), and its driver pulls before it decides on a failed worker group.
+own files under ``nodes/RANK/``).
 """
 
 from __future__ import annotations

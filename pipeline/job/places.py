@@ -54,7 +54,6 @@ class Place(Protocol):
     """Where attempts run: a place starts, polls and stops one attempt at a time. Nothing here decides what an
     ending means (``pipeline.job.policy``)."""
 
-    restarts_itself: bool  # its engine restarts failed ranks within an attempt (Ray Train): no restarts from above
     poll_s: float  # how often the supervisor polls it
 
     def start(self, attempt: Attempt, emit: Emit) -> None:

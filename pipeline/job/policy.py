@@ -2,8 +2,8 @@
 
 ``decide`` is a pure function of how the attempt ended (``Ended``, in the place's words), what its ranks left in
 the job folder (``Findings``), how many restarts have happened and how many are allowed. The supervisor
-(``pipeline.job.supervisor``), the deferred completion (``pipeline.airflow.deferred``) and Ray Train's failure
-policy (``pipeline.job.ray.worker``) all ask it; none decides on its own. The rules:
+(``pipeline.job.supervisor``) and the deferred completion (``pipeline.airflow.deferred``) ask it through
+``pipeline.job.attempts.verdict``; no place decides on its own (Ray Train restarts nothing). The rules:
 
 - success finishes;
 - a rank's user error (bad config or data) fails at once: a restart or a retry would fail the same way;

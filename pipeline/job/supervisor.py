@@ -6,7 +6,8 @@ A place only starts, polls and stops one attempt (``pipeline.job.places.Place``)
   user error fails at once; a preempted or failed attempt is restarted while ``launch.max_restarts`` allows, and
   the next one resumes from the job folder's checkpoints; a stall, a timeout, an attempt that never got running
   and a stop from outside are left to the task retry); each attempt starts without the last one's heartbeats,
-  errors and preemption marker (``JobFiles.begin_attempt``);
+  errors and preemption marker; how an attempt begins and ends is ``pipeline.job.attempts``'s, with one restart
+  count per run on every place;
 - the run timeout (``launch.timeout_s``) and the stall watchdog (``launch.stall_timeout_s``, on the
   ranks' heartbeats; its clock starts at the first one: imports and set-up are not steps);
 - live logs: every line the place emits reaches the task log as it comes, and an error ends with the
@@ -16,7 +17,7 @@ A place only starts, polls and stops one attempt (``pipeline.job.places.Place``)
   import MLflow;
 - every rank's figures, read from the heartbeats as they come: per-rank metrics beside rank 0's, stragglers named
   in the log, the run's per-rank summary at the end (``pipeline.job.telemetry``); each attempt's hours and cost
-  recorded when it ends, the run's at the end (``pipeline.job.cost``); ``run_figures`` reads them back;
+  recorded when it ends, the run's at the end (``pipeline.job.cost``); ``attempts.run_figures`` reads them back;
 - pruning: a ``pruner`` (a sweep's, ``pipeline.sweep.pruning``) asked on every poll; a reason it returns stops the
   job as ``pruned`` (``TrainingPruned``: not a failure, never restarted);
 - nodes that share no folder (``PIPELINE_JOB_STORE``): the job folder's copy on the object store is pulled as the
@@ -24,7 +25,8 @@ A place only starts, polls and stops one attempt (``pipeline.job.places.Place``)
 - teardown: whatever ends an attempt (its end, a timeout, a stall, ``stop()`` from any thread, SIGTERM
   or SIGINT of the task process), the place's ``stop`` has run before the attempt returns.
 
-``pipeline.airflow.deferred`` applies the same policy around Airflow's triggerer.
+``pipeline.airflow.deferred`` applies the same policy around Airflow's triggerer, with the same beginning and
+end of an attempt (``pipeline.job.attempts``).
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.job.mirror import JobStore
+from pipeline.job import attempts, telemetry
+from pipeline.job.attempts import run_figures, run_tags  # noqa: F401 - the stages' interface (pipeline.stages)
 from pipeline.job.places import Clusters, Place, place_for
 from pipeline.job.policy import STOPPED, Decision, Ended, Findings, decide
 from pipeline.job.spec import Attempt, JobSpec, resolve
-from pipeline.job import cost, telemetry
 from pipeline.job_files import read_heartbeats
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.telemetry = telemetry_of(spec)
-        self.store = JobStore.for_job(spec.job_dir, spec.launch.kind)  # nodes that share no folder: its copy
+        self.store = attempts.store_of(spec)  # nodes that share no folder: its copy
 
     def run(self, emit: Emit | None = None) -> dict[str, Any] | None:
         """Rank 0's result, with ``unsent_metrics`` where the job has an MLflow run to relay its metrics to."""
@@ -102,15 +104,15 @@ class Supervisor:
         try:
             with relaying(self.spec, self.metrics_flush_timeout_s, emit) as metrics:
                 try:
-                    result = self._attempts(emit)
+                    result = self._run_attempts(emit)
                 finally:
-                    for line in figure_lines(run_figures(self.spec.files)):
+                    for line in attempts.closing_lines(self.spec):
                         emit(line)
             return metrics.into(result)
         finally:
             _restore(previous)
 
-    def _attempts(self, emit: Emit) -> dict[str, Any] | None:
+    def _run_attempts(self, emit: Emit) -> dict[str, Any] | None:
         restart = 0
         while True:
             decision = self._attempt(Attempt(self.spec, restart), emit)
@@ -129,9 +131,7 @@ class Supervisor:
     def _attempt(self, attempt: Attempt, emit: Emit) -> Decision:
         if self._stopped.is_set():
             return decide(Ended("stopped", STOPPED), Findings(), restart=attempt.restart, max_restarts=0)
-        self.spec.files.begin_attempt(attempt.restart)
-        if self.store:
-            self.store.begin_attempt(self.spec.files)
+        attempts.begin(attempt)
         self._tail.clear()
         self.telemetry.new_attempt()
         started, end = time.time(), Ended("failed", "the attempt did not start")
@@ -140,17 +140,12 @@ class Supervisor:
             end = self._wait(emit)
         finally:
             self.place.stop(self.spec.launch.grace_period_s)  # whatever ended the wait, nothing outlives it
-            if self.store:
-                self.store.pull(self.spec.files, now=True)  # what the nodes wrote last: result, errors, marker
-            beats = read_heartbeats(self.spec.files.progress)
+            beats = attempts.close(attempt, end.status, started=started, store=self.store)
             for line in self.telemetry.update(beats):  # the last windows
                 emit(line)
-            cost.record(self.spec.files.attempts, self.spec.launch, started=started, ended=time.time(),
-                        ranks=len(beats), status=end.status, try_number=self.spec.try_number, restart=attempt.restart)
         if self._stopped.is_set() and end.status != "succeeded":
             end = Ended("stopped", STOPPED)
-        return decide(end, Findings.read(self.spec.files, attempt.log_dir), restart=attempt.restart,
-                      max_restarts=restarts_allowed(self.place, self.spec), tail=list(self._tail))
+        return attempts.verdict(attempt, end, tail=list(self._tail))
 
     def _wait(self, emit: Emit) -> Ended:
         launch = self.spec.launch
@@ -226,32 +221,6 @@ def telemetry_of(spec: JobSpec) -> telemetry.RankTelemetry:
     """The job's per-rank telemetry, as its ``launch`` section asks."""
     return telemetry.RankTelemetry(spec.files.telemetry, ratio=spec.launch.straggler_ratio,
                                    windows=spec.launch.straggler_windows)
-
-
-def run_figures(files) -> dict[str, Any]:
-    """The run's per-rank figures and stragglers (``ranks``, ``stragglers``: where the ranks reported any) and its
-    cost (``cost``), read back from the job folder ``files`` (every attempt's, whoever supervised it)."""
-    ranks, spent = telemetry.summarize(files.telemetry), cost.summarize(files.attempts)
-    return (ranks if ranks["ranks"] or ranks["nodes"] else {}) | ({"cost": spent} if spent else {})
-
-
-def run_tags(figures: dict[str, Any]) -> dict[str, str]:
-    """``run_figures`` as MLflow tags: ``stragglers`` and ``cost.*`` (``cost.summary``: its line)."""
-    tags = {"stragglers": telemetry.describe_stragglers(figures["stragglers"])} if "stragglers" in figures else {}
-    if figures.get("cost"):
-        tags |= cost.tags(figures["cost"]) | {"cost.summary": cost.describe(figures["cost"])}
-    return tags
-
-
-def figure_lines(figures: dict[str, Any]) -> list[str]:
-    """``run_figures`` for the task log."""
-    lines = [telemetry.summary_line(figures) if "ranks" in figures else None, cost.describe(figures.get("cost"))]
-    return [line for line in lines if line]
-
-
-def restarts_allowed(place: Place, spec: JobSpec) -> int:
-    """How many times a failed attempt is replaced from above: none where the place restarts ranks itself."""
-    return 0 if place.restarts_itself else spec.launch.max_restarts
 
 
 class Job:

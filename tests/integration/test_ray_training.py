@@ -146,21 +146,30 @@ def test_training_across_two_nodes_matches_torchrun_with_the_same_seed(ray_run, 
     assert ray_metrics["val_loss"] == pytest.approx(torchrun_metrics["val_loss"], rel=0.15)
 
 
-def test_a_worker_killed_mid_epoch_is_restarted_by_ray_and_resumes_from_the_checkpoint(cluster, job, ray_run, tmp_path):
+def _submitted(lines: list[str]) -> list[str]:
+    """The submission ids of the Ray jobs the supervisor submitted, in order."""
+    return [line.split()[3] for line in lines if line.startswith("submitting Ray job ")]
+
+
+def test_a_worker_killed_mid_epoch_ends_the_job_and_the_next_one_resumes_from_the_checkpoint(cluster, job, ray_run,
+                                                                                            tmp_path):
+    """Ray Train restarts nothing: the supervisor's restart is a new Ray job, the next attempt's."""
     out, lines, killed = tmp_path / "out", [], {}
     watcher = when_checkpoint(out, sigkill_rank(1, killed), CHECKPOINT_EVERY)
     result = Job(_spec(job, cluster, out, max_restarts=1)).run(lines.append)
     watcher.join(timeout=5)
     assert killed, "the worker was never killed"
     assert any("restarting every rank (1 of 1)" in line for line in lines)
+    jobs = _submitted(lines)
+    assert len(jobs) == 2 and jobs[0].endswith("-r0") and jobs[1].endswith("-r1"), jobs
     assert 0 < result["start_step"] < result["steps"]  # resumed mid-run from the job folder's checkpoint
     # The same topology as the uninterrupted run, resumed at a step with the loader's position: the same end.
     assert result["param_digests"] == ray_run[1]["param_digests"], "the resumed run ended elsewhere"
 
 
 def test_fsdp_on_ray_trains_workers_killed_mid_epoch_resume_from_their_shards(cluster, job, ray_run, tmp_path):
-    """FSDP2 on Ray Train's process group: a worker killed after a sharded checkpoint, Ray restarts the group,
-    the shards are loaded back; the end is DDP's on the same topology (to the order of the gradient sums)."""
+    """FSDP2 on Ray Train's process group: a worker killed after a sharded checkpoint, the next attempt's job loads
+    the shards back; the end is DDP's on the same topology (to the order of the gradient sums)."""
     out, lines, killed = tmp_path / "out", [], {}
     watcher = when_checkpoint(out, sigkill_rank(1, killed), CHECKPOINT_EVERY)
     result = Job(_spec(job + ["--set", "train.parallelism=fsdp"], cluster, out, max_restarts=1)).run(lines.append)
@@ -172,15 +181,15 @@ def test_fsdp_on_ray_trains_workers_killed_mid_epoch_resume_from_their_shards(cl
 
 
 def test_losing_one_of_two_nodes_resumes_on_the_node_left_at_the_same_sample(nodes, job, tmp_path):
-    """Elastic (launch.min_nnodes): the worker node goes away mid-epoch; Ray Train restarts with the one worker
-    that still fits and the loop resumes from the last checkpoint at the sample the two workers had reached.
+    """Elastic (launch.min_nnodes): the worker node goes away mid-epoch; the next attempt's job starts with the one
+    worker that still fits and the loop resumes from the last checkpoint at the sample the two workers had reached.
     The last test of the module: the cluster has one node afterwards."""
     address, worker = nodes
     out, lines = tmp_path / "out", []
     watcher = when_checkpoint(out, lambda beats: worker.stop(), CHECKPOINT_EVERY)
-    # Ray Train first tries the old size again, the lost node's CPU still counted until the head declares it dead
-    # (Ray's health checks), and restarts on one worker only when that start times out: 25 s here instead of
-    # Ray's 60 (a worker group starts in about 7 s on this machine).
+    # The next job's Ray Train first tries the old size again, the lost node's CPU still counted until the head
+    # declares it dead (Ray's health checks), and starts on one worker only when that start times out: 25 s here
+    # instead of Ray's 60 (a worker group starts in about 7 s on this machine).
     spec = _spec(job, address, out, ray={"worker_start_timeout_s": 25}, nnodes=2, nproc_per_node=1, min_nnodes=1)
     result = Job(spec).run(lines.append)
     watcher.join(timeout=5)

@@ -53,6 +53,29 @@ def test_the_worker_group_start_timeout_reaches_ray_trains_controller():
         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "12.5"
 
 
+def test_ray_train_restarts_nothing_and_each_restart_is_the_supervisors_new_job(tmp_path):
+    """One restart count per run: Ray Train is left no restart to make (a worker group that could not start is
+    tried again, elastic sizes still apply), and a failed Ray attempt is restarted from above, as a new job that
+    tells its ranks which restart it is."""
+    from pipeline.job import attempts
+    from pipeline.job.policy import Ended
+    from pipeline.job.ray.entry import trainer
+
+    spec = dataclasses.replace(_spec(), job_dir=tmp_path, launch=launch_config(
+        {"kind": "ray", "nnodes": 2, "min_nnodes": 1, "nproc_per_node": 2, "max_restarts": 2,
+         "ray": {"address": "http://ray-head:8265"}}))
+    job = json.loads(shlex.split(job_request(Attempt(spec, 0), local=False)["entrypoint"])[4])
+    built = trainer(job, ["-m", "pipeline.rank"])
+    failures = built.run_config.failure_config
+    assert (failures.max_failures, failures.max_preemption_failures, failures.controller_failure_limit) == (0, 0, 2)
+    assert built.scaling_config.num_workers == (2, 4)
+    requests = [job_request(Attempt(spec, restart), local=False) for restart in (0, 1)]
+    assert [r["runtime_env"]["env_vars"]["PIPELINE_RESTART_COUNT"] for r in requests] == ["0", "1"]
+    assert requests[0]["submission_id"] != requests[1]["submission_id"]
+    decision = attempts.verdict(Attempt(spec, 0), Ended("failed", "Ray job x failed: a worker died"))
+    assert decision.action == "restart" and decision.max_restarts == 2
+
+
 class _JobsAPI:
     """A job's log through the Jobs API's two calls: the websocket's chunks (then held open, as the Jobs API
     holds it a second or two after the job's end; or closed; or broken) and the whole log, which by then has
@@ -69,8 +92,8 @@ class _JobsAPI:
         self.sent.set()
         if self.stream == "broken":
             raise RuntimeError("connection lost")
-        if self.stream == "open":
-            await asyncio.sleep(3600)
+        if self.stream == "open":  # the job runs on: its stream stays open until cancelled
+            await asyncio.Event().wait()
 
     def get_job_logs(self, sid: str) -> str:
         self.whole_reads += 1

@@ -96,3 +96,28 @@ def test_a_pruned_attempt_ends_without_a_restart_even_with_restarts_left_and_a_p
     assert decision.action == "fail" and isinstance(decision.error, TrainingPruned)
     assert not isinstance(decision.error, TrainingFailed)  # not a failure: the trial task catches it and succeeds
     assert str(decision.error) == "trial 3 pruned after epoch 2"
+
+
+def test_an_attempts_beginning_and_end_are_the_same_for_every_supervisor(tmp_path, monkeypatch):
+    """pipeline.job.attempts, what the task's supervisor and a deferred task's completion both call: the folder made
+    ready, the attempt's cost recorded under its restart number, and decide asked with launch.max_restarts."""
+    from pipeline.job import attempts, cost
+    from pipeline.job.spec import Attempt, JobSpec, launch_config
+
+    spec = JobSpec(entry=["-m", "x"], job_dir=tmp_path / "job", launch=launch_config({"max_restarts": 2}))
+    attempt = Attempt(spec, 1)
+    mark_preempted(spec.files.progress, rank=0, step=4)  # the previous attempt's: not this one's
+    assert attempts.begin(attempt) is None  # a shared folder: no copy on a store
+    assert Findings.read(spec.files) == Findings()
+    failed = Ended("failed", "a node died")
+    attempts.close(attempt, failed.status, started=0.0, store=None)
+    assert cost.summarize(spec.files.attempts)["attempts"] == 1
+    assert json.loads(spec.files.attempts.read_text())["restart"] == 1
+    decision = attempts.verdict(attempt, failed)
+    assert decision.action == "restart" and decision.max_restarts == 2
+    monkeypatch.setenv("PIPELINE_ERROR_DIR", str(spec.files.errors))
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(DataError), user_errors_reported():
+        raise DataError("row 3: bad")
+    assert isinstance(attempts.verdict(attempt, failed).error, RankUserError)  # never restarted
+    assert attempts.verdict(attempt, failed).action == "fail"

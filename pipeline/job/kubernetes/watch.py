@@ -21,6 +21,8 @@ from pipeline.job.policy import Ended
 
 
 class PodsWatch:
+    clock = staticmethod(time.time)  # of the schedule timeout, against ``created_at``: a test moves it at will
+
     def __init__(self, *, connection_id: str, namespace: str, name: str, nnodes: int, schedule_timeout_s: float,
                  clusters: Clusters, created_at: float, log: logging.Logger):
         self.connection_id, self.namespace, self.name, self.clusters = connection_id, namespace, name, clusters
@@ -51,7 +53,7 @@ class PodsWatch:
                 self.streams[pod.metadata.name] = asyncio.create_task(
                     self._stream(core, pod.metadata.name, node_of(pod)))
         now = verdict(job, pods, name=self.name, nnodes=self.nnodes, running=self.running,
-                      waited_s=time.time() - self.created_at, schedule_timeout_s=self.schedule_timeout_s)
+                      waited_s=self.clock() - self.created_at, schedule_timeout_s=self.schedule_timeout_s)
         if now.running and not self.running:
             self.log.info("all %d pod(s) of %s are running", self.nnodes, self.name)
         elif not now.running and now.detail != self.last:

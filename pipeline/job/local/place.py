@@ -74,7 +74,6 @@ class LocalPlace:
     in ``init_process_group`` in two of three tries.
     """
 
-    restarts_itself = False
     poll_s = 0.5
 
     def __init__(self, spec: JobSpec, clusters: Clusters | None = None):

@@ -2,13 +2,17 @@
 ``TorchTrainer`` from the launch config and runs ``pipeline.job.ray.worker.run_rank`` on every worker.
 
 - ``ScalingConfig``: ``launch.nnodes x launch.nproc_per_node`` workers (elastic, from ``launch.min_nnodes x
-  launch.nproc_per_node``: after losing a node Ray Train restarts with the workers that still fit),
+  launch.nproc_per_node``: a job submitted after a node was lost starts with the workers that fit),
   ``launch.ray.cpus_per_worker`` CPUs and one GPU each when ``launch.gpus_per_node`` asks for GPUs;
-- ``RunConfig``: named by the run key (the same on every try of the task, so a retry finds the same run),
-  stored in the job folder's checkpoints (or, for nodes that share no folder, in the job folder's copy on the
-  object store: ``pipeline.job.mirror``, read through pyarrow with ``AWS_ENDPOINT_URL``); ``FailureConfig(max_failures=launch.max_restarts)``: Ray restarts
-  the worker group after a worker dies, and the recipe's loop resumes from its last checkpoint;
-- a rank's user error is final (``worker.failure_policy``): no restart.
+- ``RunConfig``: named by the run key (the same on every try of the task and every restart, so that each job
+  finds the same run), stored in the job folder's checkpoints (or, for nodes that share no folder, in the job
+  folder's copy on the object store: ``pipeline.job.mirror``, read through pyarrow with ``AWS_ENDPOINT_URL``);
+- ``FailureConfig``: Ray Train restarts no worker group, failed or preempted (``max_failures=0``,
+  ``max_preemption_failures=0``): the job ends, and the supervisor decides as on every place whether a new job
+  resumes from the job folder's checkpoints (a rank's user error never does). A worker group that could not
+  start is not a restart: the controller tries again up to ``launch.max_restarts`` times
+  (``controller_failure_limit``), so that a job submitted right after a node was lost, which first asks for the
+  lost node's CPUs still counted, starts on the workers that fit.
 """
 
 from __future__ import annotations
@@ -19,20 +23,16 @@ import sys
 
 
 def trainer(job: dict, entry: list[str]):
-    import ray.train.v2.api.data_parallel_trainer as data_parallel_trainer
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from pipeline.job.ray.worker import failure_policy, run_rank
+    from pipeline.job.ray.worker import run_rank
     from pipeline.job.spec import launch_config
 
     launch = launch_config(job["launch"])
     workers = launch.nnodes * launch.nproc_per_node
     use_gpu = launch.gpus_per_node > 0
     resources = {"CPU": launch.ray.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
-    policy = failure_policy(job["job_dir"], launch.max_restarts, job.get("store"))
-    # Ray Train builds its failure policy from the FailureConfig alone; this one also reads the ranks' user errors.
-    data_parallel_trainer.create_failure_policy = policy
     backend = {"auto": "nccl" if use_gpu else "gloo"}.get(launch.backend, launch.backend)
     return TorchTrainer(
         run_rank,
@@ -43,7 +43,7 @@ def trainer(job: dict, entry: list[str]):
             num_workers=(launch.min_nnodes * launch.nproc_per_node, workers) if 0 < launch.min_nnodes < launch.nnodes
             else workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(name=job["run_name"], storage_path=job["storage"],
-                             failure_config=FailureConfig(max_failures=launch.max_restarts,
+                             failure_config=FailureConfig(max_failures=0, max_preemption_failures=0,
                                                           controller_failure_limit=launch.max_restarts)),
     )
 

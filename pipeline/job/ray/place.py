@@ -4,8 +4,8 @@ the supervisor's policy (``pipeline.job.supervisor``).
 - The cluster: ``launch.ray.address`` or the host of the Airflow connection ``launch.ray.connection_id``
   (its password, or ``token`` in its extra, goes as Ray's bearer token); without either, a local cluster
   started for the task (``pipeline.job.ray.cluster``) and stopped with each attempt.
-- The job: its ``submission_id`` is the attempt's id (DAG run, task, try and restart), so a retry never
-  submits a duplicate; a job of the same id left by a dead worker is stopped and replaced. Its
+- The job: its ``submission_id`` is the attempt's id (DAG run, task, try and restart), so a retry or a restart
+  never submits a duplicate; a job of the same id left by a dead worker is stopped and replaced. Its
   ``runtime_env`` carries the ranks' environment (``Attempt.env``: the job folder, MLflow's URI and run
   id); variables that look like secrets are left out: the cluster's own environment must provide them.
   Its driver is ``pipeline.job.ray.entry`` (Ray Train over the same entry as a torchrun rank).
@@ -13,8 +13,9 @@ the supervisor's policy (``pipeline.job.supervisor``).
   task log as it is written; at the job's end, what the stream has not brought yet is read at once (``JobLog``).
 - Endings: ``stop`` stops the job (``stop_job``, never ``delete_job``, which a running job refuses) and
   waits until it has ended, whatever ended the attempt; ``pipeline.job.ray.orphan_guard`` does the same when
-  the task process dies unannounced. Ray Train restarts failed workers itself
-  (``FailureConfig(max_failures=launch.max_restarts)``), so the supervisor does not restart the attempt.
+  the task process dies unannounced.
+- Restarts: Ray Train restarts no worker (``pipeline.job.ray.entry``): a worker's failure ends the job, and the
+  supervisor restarts the run as on every place, with a new job that resumes from the job folder's checkpoints.
 """
 
 from __future__ import annotations
@@ -93,7 +94,6 @@ class RayPlace:
     ``watch`` are what the deferred form (``pipeline.airflow.deferred``) uses."""
 
     watch = "pipeline.job.ray.watch:RayJobWatch"
-    restarts_itself = True  # Ray Train replaces failed workers within the attempt (pipeline.job.ray.worker)
     poll_s = POLL_S
 
     def __init__(self, spec: JobSpec, clusters: Clusters):

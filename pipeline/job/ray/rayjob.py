@@ -97,7 +97,7 @@ def build(*, name: str, request: dict[str, Any], launch: LaunchConfig, labels: d
             "submitterPodTemplate": submitter,
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": kube.ttl_after_finished_s,
-            "backoffLimit": 0,  # Ray Train restarts workers within the job; Airflow retries the task
+            "backoffLimit": 0,  # a restart is a new RayJob (the attempt's -rN), as the supervisor's on every place
             "preRunningDeadlineSeconds": int(launch.ray.start_timeout_s),
             "activeDeadlineSeconds": int(launch.ray.start_timeout_s + launch.timeout_s),
             "suspend": bool(kube.queue_name),
