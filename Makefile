@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 RECIPE ?= tabular_mlp
 LAUNCH ?= local
 
-.PHONY: demo test airflow venv clean ui stack stack-down stack-env toolchain
+.PHONY: demo test test-fast airflow venv clean ui stack stack-down stack-env toolchain
 
 venv: $(VENV)/.installed
 
@@ -23,6 +23,11 @@ LANES ?= 2
 test: venv
 	bash tests/system-packages.sh
 	$(PY) -m pytest -n $(LANES) --dist loadgroup --no-loadscope-reorder $(ARGS)
+
+# The unit and DAG-integrity tests less the slow ones (marker slow), in the same lanes: a few minutes, no service,
+# no system package (docs/testing.md).
+test-fast: venv
+	$(PY) -m pytest -n $(LANES) --dist loadgroup --no-loadscope-reorder -m "not slow" tests/unit tests/dags $(ARGS)
 
 # A third-party toolchain's own environment (toolchains/NAME: unsloth, axolotl, llm_foundry; NAME=all for every
 # one), built once per lock into a cache outside the clone (PIPELINE_TOOLCHAIN_CACHE, default ~/.cache/ddp-pipelines).

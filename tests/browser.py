@@ -4,8 +4,10 @@ uses the UI; nothing is downloaded at run time. Each step leaves a screenshot in
 from __future__ import annotations
 
 import base64
+import contextlib
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,15 @@ class Browser:
 
     def close(self) -> None:
         self.driver.quit()
+
+
+@contextlib.contextmanager
+def signed_in(url: str, user: str, password: str, artifacts: Path) -> Iterator[Browser]:
+    """A browser signed in to the Airflow UI at ``url``; closed at the end, its screenshots kept in ``artifacts``."""
+    browser = Browser(artifacts)
+    try:
+        browser.login(url, user, password)
+        yield browser
+    finally:
+        browser.close()
+        print(f"screenshots: {artifacts}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,12 @@ import pytest
 # Before anything imports airflow or reads the settings: the session's own home and Airflow DB.
 _HOME = Path(tempfile.mkdtemp(prefix="pipeline-tests-"))
 os.environ["PIPELINE_HOME"] = str(_HOME)
-for key in ("PIPELINE_DATA_DIR", "PIPELINE_RUNS_DIR", "PIPELINE_MLFLOW_ARTIFACTS", "MLFLOW_TRACKING_URI", "AIRFLOW_HOME",
-            "PIPELINE_SWEEP_DB", "PIPELINE_STAGING_DIR", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-            "AWS_PROFILE"):
+# Every variable by which botocore (s3fs, boto3) could find an endpoint, a region or credentials other than a test's.
+_AWS_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION",
+                 "AWS_DEFAULT_REGION", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_CA_BUNDLE")
+for key in ("PIPELINE_DATA_DIR", "PIPELINE_RUNS_DIR", "PIPELINE_MLFLOW_ARTIFACTS", "MLFLOW_TRACKING_URI",
+            "AIRFLOW_HOME", "PIPELINE_SWEEP_DB", "PIPELINE_STAGING_DIR", *_AWS_SETTINGS):
     os.environ.pop(key, None)
 for key in [k for k in os.environ if k.startswith("AIRFLOW__")]:
     os.environ.pop(key)
@@ -46,6 +50,13 @@ def airflow_db(pipeline_home: Path) -> Path:
     return pipeline_home / "airflow" / "airflow.db"
 
 
+def _forget_s3_clients() -> None:
+    """Drop fsspec's cached S3 file systems. One is made per endpoint and process, and takes the credentials in the
+    environment when it first connects: a test on a reused endpoint would otherwise get another test's client."""
+    if "s3fs" in sys.modules:
+        sys.modules["s3fs"].S3FileSystem.clear_instance_cache()
+
+
 @pytest.fixture(scope="module")
 def s3_server(pipeline_home: Path):
     """An S3 API server for the module (``pipeline.dev.s3_server``): a child process of the test's, only while the
@@ -56,17 +67,22 @@ def s3_server(pipeline_home: Path):
     server.start()
     yield server
     server.stop()
+    _forget_s3_clients()
 
 
 @pytest.fixture
-def s3(s3_server, monkeypatch) -> str:
-    """A new, empty bucket on the session's S3 server, and this process's environment (inherited by the ranks it
-    starts) pointed at it: the bucket's URI."""
+def s3(s3_server, monkeypatch) -> Iterator[str]:
+    """A new, empty bucket on the module's S3 server, and this process's environment (inherited by the ranks it
+    starts) pointed at it and at nothing else, with no S3 client made before the test: the bucket's URI."""
     import uuid
 
+    for key in _AWS_SETTINGS:
+        monkeypatch.delenv(key, raising=False)
     for key, value in s3_server.env().items():
         monkeypatch.setenv(key, value)
-    return s3_server.bucket(f"test-{uuid.uuid4().hex[:12]}")
+    _forget_s3_clients()
+    yield s3_server.bucket(f"test-{uuid.uuid4().hex[:12]}")
+    _forget_s3_clients()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -93,7 +109,8 @@ def _release_streaming_shared_memory():
 
 # make test runs the suite in lanes (pytest-xdist workers, ``--dist loadgroup``). What shares a lane:
 _LANE_ORDER = ("ray", "e2e", "toolchains", "distributed")
-# Then, of the tests none of those markers names, the layer whose tests start processes (tests/unit/ starts none).
+# Then, of the tests none of those markers names, the layer whose tests start processes (tests/unit/ starts none),
+# and the few slow ones of the fast layers: a minute-long test last in a lane is a minute the other lane sits idle.
 _PROCESS_LAYER = "tests/integration/"
 
 
@@ -110,7 +127,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(group))
 
     def lane_rank(item: pytest.Item) -> int:
-        unmarked = len(_LANE_ORDER) + (0 if item.nodeid.startswith(_PROCESS_LAYER) else 1)
+        early = item.nodeid.startswith(_PROCESS_LAYER) or item.get_closest_marker("slow") is not None
+        unmarked = len(_LANE_ORDER) + (0 if early else 1)
         return next((rank for rank, name in enumerate(_LANE_ORDER) if item.get_closest_marker(name)), unmarked)
 
     items.sort(key=lane_rank)  # stable: collection order within a rank

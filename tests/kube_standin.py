@@ -3,11 +3,13 @@ scheduler or Job controller) can run on the project's machines.
 
 It speaks the official client's REST paths for what the launcher uses - jobs (create, get, delete),
 services (create, delete), pods (list by label selector) and pods/log (follow, chunked as the real
-server streams it) - keeps objects as the API's JSON, and records every request. A *scenario* plays
-the cluster's part for each Job created: it makes the Job's indexed pods and moves them through their
-phases (unschedulable, image pull back-off, running, failed, succeeded), writes their log lines, and
-may write into the shared job folder what the ranks would (rank 0's result, a user error).
+server streams it) - keeps objects as the API's JSON, and records every request. A *scenario*
+(``tests/kube_scenarios.py``) plays the cluster's part for each Job created, in a thread of its own.
 Foreground deletion removes the pods first, then the Job.
+
+Nothing here waits for time to pass: a scenario goes on when the client has seen its last move (the next
+list of pods, every open log stream served, the Job deleted), each change wakes whoever waits on the
+cluster's condition, and the timeouts only bound a failure.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ import datetime as dt
 import json
 import re
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 from pipeline.job.kubernetes.manifest import COMPLETION_INDEX, Manifests
 
 INDEX = "batch.kubernetes.io/job-completion-index"
+WAIT_S = 30.0  # the bound of a scenario's wait for the client: reached only when the client under test is broken
 
 
 def _now() -> str:
@@ -48,6 +49,9 @@ class StandinCluster:
         self.created_jobs: list[dict] = []
         self.open_streams = 0
         self.max_open_streams = 0
+        self.served: dict[str, int] = {}  # log lines written to each pod's open stream
+        self.lists_when_played: int | None = None  # pod lists made when the last scenario returned
+        self.closed = False
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -73,18 +77,26 @@ class StandinCluster:
         return self
 
     def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.closed = True  # log streams still open end now
+            self.lock.notify_all()
         self.server.shutdown()
         self.server.server_close()
 
-    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 30) -> bool:
-        deadline = time.monotonic() + timeout_s
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
+        """Whether ``predicate`` (of the cluster's state) came true within ``timeout_s``: every change notifies."""
         with self.lock:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.lock.wait(min(left, 0.2))
-        return True
+            return self.lock.wait_for(predicate, timeout_s)
+
+    def lists(self) -> int:
+        """How many times the client has listed pods."""
+        with self.lock:
+            return self.requests.count(("list", "pods"))
+
+    def settled(self) -> bool:
+        """Whether the client has listed the pods since the last scenario returned: it saw where it left them."""
+        with self.lock:
+            return self.lists_when_played is not None and self.requests.count(("list", "pods")) > self.lists_when_played
 
     def left_behind(self) -> list[str]:
         with self.lock:
@@ -95,6 +107,18 @@ class StandinCluster:
     def alive(self, job: dict) -> bool:
         with self.lock:
             return self._key(job) in self.jobs
+
+    def until(self, job: dict, predicate: Callable[[], bool] = lambda: False, timeout_s: float = WAIT_S) -> None:
+        """A scenario's wait: until ``predicate`` holds, the Job is gone or the server is closed."""
+        self.wait_for(lambda: self.closed or self._key(job) not in self.jobs or predicate(), timeout_s)
+
+    def seen(self, job: dict, since: int) -> None:
+        """Until the client lists pods once more after ``since`` lists: it has seen every change made before."""
+        self.until(job, lambda: self.requests.count(("list", "pods")) > since)
+
+    def logged(self, job: dict, pods: list[str], count: int) -> None:
+        """Until every open log stream of ``pods`` has sent its first ``count`` lines."""
+        self.until(job, lambda: all(self.served.get(key, count) >= count for key in pods))
 
     def make_pods(self, job: dict) -> list[str]:
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
@@ -159,19 +183,28 @@ class StandinCluster:
         container = job["spec"]["template"]["spec"]["containers"][0]
         return {e["name"]: e.get("value", "") for e in container["env"]}
 
+    def _record(self, verb: str, resource: str) -> None:
+        """A request, under the lock: a scenario may be waiting for the client to look again."""
+        self.requests.append((verb, resource))
+        self.lock.notify_all()
+
+    def _play(self, job: dict) -> None:
+        self.scenario(self, job)
+        with self.lock:
+            self.lists_when_played = self.requests.count(("list", "pods"))
+            self.lock.notify_all()
+
     # ----- HTTP
     @staticmethod
     def _key(obj: dict) -> str:
         return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
 
     def _delete_job(self, key: str, policy: str | None) -> None:
-        def foreground():
-            time.sleep(0.1)
+        def foreground():  # after the DELETE's answer, as the garbage collector works: the pods, then the Job
             with self.lock:
                 for pod_key in [k for k, p in self.pods.items() if p["metadata"]["labels"].get("job-name") == key.split("/")[1]]:
                     self.pods.pop(pod_key)
                 self.lock.notify_all()
-            time.sleep(0.05)
             with self.lock:
                 self.jobs.pop(key, None)
                 self.lock.notify_all()
@@ -216,7 +249,7 @@ class StandinCluster:
                 key = f"{ns}/{body['metadata']['name']}"
                 store = cluster.jobs if kind == "jobs" else cluster.services
                 with cluster.lock:
-                    cluster.requests.append(("create", kind))
+                    cluster._record("create", kind)
                     if key in store:
                         return self._send(409, _status(409, "AlreadyExists", f'{kind} "{body["metadata"]["name"]}" already exists'))
                     body["metadata"].update(uid=f"uid-{len(cluster.requests)}", creationTimestamp=_now())
@@ -226,7 +259,7 @@ class StandinCluster:
                         cluster.created_jobs.append(json.loads(json.dumps(body)))
                     cluster.lock.notify_all()
                 if kind == "jobs":
-                    threading.Thread(target=cluster.scenario, args=(cluster, body), daemon=True).start()
+                    threading.Thread(target=cluster._play, args=(body,), daemon=True).start()
                 self._send(201, body)
 
             def do_GET(self):
@@ -235,12 +268,12 @@ class StandinCluster:
                     return self._stream_log(f"{ns}/{name}", query)
                 with cluster.lock:
                     if name is None:
-                        cluster.requests.append(("list", kind))
+                        cluster._record("list", kind)
                         selector = dict(item.split("=", 1) for item in query.get("labelSelector", "").split(",") if item)
                         items = [p for k, p in cluster.pods.items() if k.startswith(ns + "/")
                                  and all(p["metadata"]["labels"].get(a) == b for a, b in selector.items())]
                         return self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
-                    cluster.requests.append(("get", kind))
+                    cluster._record("get", kind)
                     store = {"jobs": cluster.jobs, "services": cluster.services, "pods": cluster.pods}[kind]
                     obj = store.get(f"{ns}/{name}")
                     if obj is None:
@@ -252,7 +285,7 @@ class StandinCluster:
                 body = self._body()
                 key = f"{ns}/{name}"
                 with cluster.lock:
-                    cluster.requests.append(("delete", kind))
+                    cluster._record("delete", kind)
                     cluster.deletions.append({"kind": kind, "name": name, "propagationPolicy": body.get("propagationPolicy")})
                     store = cluster.jobs if kind == "jobs" else cluster.services
                     if key not in store:
@@ -271,7 +304,7 @@ class StandinCluster:
 
             def _stream_log(self, key: str, query: dict) -> None:
                 with cluster.lock:
-                    cluster.requests.append(("get", "pods/log"))
+                    cluster._record("get", "pods/log")
                     if key not in cluster.pods or key not in cluster.logs:
                         return self._send(404, _status(404, "NotFound", f"pod {key} not found"))
                     cluster.open_streams += 1
@@ -287,13 +320,16 @@ class StandinCluster:
                         with cluster.lock:
                             lines = cluster.logs.get(key, [])[sent:]
                             pod = cluster.pods.get(key)
-                            ended = pod is None or pod["status"]["phase"] in ("Succeeded", "Failed")
+                            ended = pod is None or pod["status"]["phase"] in ("Succeeded", "Failed") or cluster.closed
                             if not lines and not ended:
-                                cluster.lock.wait(0.2)
+                                cluster.lock.wait()  # a new line, a phase, a deletion or the close notifies
                                 continue
                         for line in lines:
                             self._chunk(line.encode() + b"\n")
                         sent += len(lines)
+                        with cluster.lock:
+                            cluster.served[key] = sent
+                            cluster.lock.notify_all()
                         if ended and not lines:
                             break
                     self._chunk(b"")
@@ -302,92 +338,10 @@ class StandinCluster:
                 finally:
                     with cluster.lock:
                         cluster.open_streams -= 1
+                        cluster.served.pop(key, None)
+                        cluster.lock.notify_all()
 
         return Handler
-
-
-# ----- scenarios: what the cluster does with each Job
-
-
-def nodes_run(cluster: StandinCluster, job: dict, *, lines: int = 3, fail_node: int | None = None,
-              user_error: bool = False, forever: bool = False, result: dict | None = None,
-              on_success: Callable[[dict], None] | None = None, stalled: bool = False,
-              autoscaled_away: bool = False, preempt_first: bool = False) -> None:
-    """Every pod schedules and runs; node k logs ``step i`` lines, both nodes at once (a node writes its
-    next line only once the other's previous one was served); then all succeed (rank 0 writes its result),
-    ``fail_node`` fails (optionally reporting a user error first), or they run until deleted.
-    ``preempt_first``: the first attempt's pods are evicted (the ranks checkpoint, mark the preemption
-    and exit with its code); a later attempt runs to the end."""
-    pods = cluster.make_pods(job)
-    time.sleep(0.2)
-    for key in pods:
-        cluster.set_pod(key, "Running")
-    if autoscaled_away:  # pod 1's node is scaled down as it finishes: the pod was listed, its log is gone
-        with cluster.lock:
-            cluster.logs.pop(pods[1], None)
-    else:
-        cluster.wait_for(lambda: cluster.open_streams >= len(pods) or not cluster.alive(job), 20)
-    env = cluster.pod_env(job)
-    if stalled:  # rank 0 reports step 5 once, then no step completes
-        progress = Path(env["PIPELINE_PROGRESS_DIR"])
-        progress.mkdir(parents=True, exist_ok=True)
-        (progress / "rank-0.json").write_text(json.dumps({"rank": 0, "pid": 1, "step": 5, "total": 100, "epoch": 0,
-                                                          "phase": "training", "time": time.time()}))
-    step = 0
-    while cluster.alive(job) and (forever or step < lines):
-        for node, key in enumerate(pods):
-            cluster.log(key, f"[rank {node}] step {step}")
-        step += 1
-        time.sleep(0.1)
-    if not cluster.alive(job):
-        return
-    if preempt_first and job["metadata"]["name"].endswith("-r0"):
-        from pipeline.job_files import PREEMPTED_EXIT_CODE, mark_preempted
-
-        mark_preempted(Path(env["PIPELINE_PROGRESS_DIR"]), rank=0, step=7)
-        for key in pods:
-            cluster.log(key, "SIGTERM: checkpointed at step 7")
-            cluster.set_pod(key, "Failed", exit_code=PREEMPTED_EXIT_CODE, message="preempted at step 7")
-        time.sleep(0.3)
-        cluster.end_job(job, "Failed", "PodFailurePolicy", "a pod was evicted")
-        return
-    if fail_node is not None:
-        if user_error:
-            errors = Path(env["PIPELINE_ERROR_DIR"])
-            errors.mkdir(parents=True, exist_ok=True)
-            rank = fail_node * int(env["PET_NPROC_PER_NODE"])
-            (errors / f"rank-{rank}.json").write_text(json.dumps(
-                {"rank": rank, "type": "DataError", "message": "shard 3, row 17: label 'x' is not a class"}))
-        cluster.log(pods[fail_node], "Traceback (most recent call last):\nRuntimeError: boom")
-        cluster.set_pod(pods[fail_node], "Failed", exit_code=1, message="RuntimeError: boom")
-        time.sleep(0.3)
-        cluster.end_job(job, "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
-        return
-    Path(env["PIPELINE_RESULT_FILE"]).write_text(json.dumps(result or {
-        "final_loss": 0.25, "nodes": len(pods), "restart": int(env["PIPELINE_RESTART_COUNT"])}))
-    if on_success is not None:
-        on_success(job)
-    for key in pods:
-        cluster.set_pod(key, "Succeeded")
-    cluster.end_job(job, "Complete", "", "")
-
-
-def unschedulable(cluster: StandinCluster, job: dict) -> None:
-    for key in cluster.make_pods(job):
-        cluster.set_pod(key, "Pending", unschedulable="0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
-
-
-def image_pull_backoff(cluster: StandinCluster, job: dict) -> None:
-    pods = cluster.make_pods(job)
-    cluster.set_pod(pods[0], "Running")
-    image = job["spec"]["template"]["spec"]["containers"][0]["image"]
-    cluster.set_pod(pods[1], "Pending", waiting=("ImagePullBackOff", f'Back-off pulling image "{image}"'))
-
-
-def crash_before_start(cluster: StandinCluster, job: dict) -> None:
-    pods = cluster.make_pods(job)
-    cluster.set_pod(pods[0], "Pending", waiting=("ContainerCreating", ""))
-    cluster.set_pod(pods[1], "Failed", exit_code=127, message="exec: python: not found")
 
 
 def rendered_pod(manifests: Manifests, index: int) -> tuple[list[str], dict[str, str]]:

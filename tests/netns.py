@@ -5,7 +5,22 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+
+def _private(folders) -> list[str]:
+    """``folders``, each to become an empty tmpfs in a node: none may hold the checkout or the interpreter, which the
+    node runs (a tmpfs over /tmp hid a clone under /tmp: "exec: .../.venv/bin/python: not found")."""
+    from pipeline import deployment
+
+    needed = [Path(deployment.PROJECT_ROOT).resolve(), Path(sys.executable).parent.resolve()]
+    for folder in folders:
+        over = Path(folder).resolve()
+        hidden = [str(path) for path in needed if path == over or over in path.parents]
+        if hidden:
+            raise ValueError(f"a private tmpfs on {folder} would hide {', '.join(hidden)} from the node")
+    return [str(folder) for folder in folders]
 
 
 class NetworkNamespace:
@@ -32,8 +47,10 @@ class NetworkNamespace:
     def wrap(self, private: list[str] = ()) -> list[str]:
         """Run a command inside, with a /dev/shm of its own (``ip netns exec`` gives it a mount namespace): a
         second machine's shared memory is not the first's, and streaming's names would collide. Each folder of
-        ``private`` is an empty tmpfs of its own too: a machine that shares no folder with this one."""
-        mounts = "".join(f' && mount -t tmpfs tmpfs "{folder}"' for folder in private)
+        ``private`` is an empty tmpfs of its own too: a machine that does not share those folders with this one.
+        Name them (the session's home, pytest's folders, the node's own), never a parent of the checkout: its
+        interpreter must stay visible."""
+        mounts = "".join(f' && mount -t tmpfs tmpfs "{folder}"' for folder in _private(private))
         return ["ip", "netns", "exec", self.name, "sh", "-c",
                 f'mount -t tmpfs -o size=2g tmpfs /dev/shm{mounts} && exec "$@"', "sh"]
 
@@ -137,8 +154,9 @@ class PodNetwork:
     def wrap(self, index: int, hostname: str, private: list[str], command: list[str]) -> list[str]:
         """Run ``command`` in pod ``index``'s namespace, with its own hostname, and a mount namespace in which each
         folder of ``private`` and /dev/shm are empty tmpfs of its own: what it writes there no other pod (nor this
-        machine) sees, and what is there it does not see."""
-        mounts = " && ".join(f'mount -t tmpfs tmpfs "{folder}"' for folder in [*private, "/dev/shm"])
+        machine) sees, and what is there it does not see. As with ``NetworkNamespace.wrap``, never a parent of the
+        checkout."""
+        mounts = " && ".join(f'mount -t tmpfs tmpfs "{folder}"' for folder in [*_private(private), "/dev/shm"])
         return ["ip", "netns", "exec", self.names[index], "unshare", "--uts", "--mount", "--propagation", "private",
                 "sh", "-c", f'hostname "$0" && {mounts} && exec "$@"', hostname, *command]
 

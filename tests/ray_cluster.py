@@ -21,10 +21,13 @@ _WORKER_PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-p
 
 
 class WorkerNode:
-    """``ray start --address HEAD --block`` of one more node, optionally inside a network namespace."""
+    """``ray start --address HEAD --block`` of one more node, optionally inside a network namespace (``wrap``), its
+    session under ``temp_dir`` (default: a new folder; removed by ``stop``)."""
 
-    def __init__(self, gcs_address: str, *, node_ip: str, cpus: int, wrap: list[str] = (), env: dict | None = None):
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="raywk-", dir="/tmp"))
+    def __init__(self, gcs_address: str, *, node_ip: str, cpus: int, wrap: list[str] = (), env: dict | None = None,
+                 temp_dir: Path | None = None):
+        # Short, under /tmp: the session's socket paths must stay within the 107 bytes a Unix socket's path may take.
+        self.temp_dir = temp_dir or Path(tempfile.mkdtemp(prefix="raywk-", dir="/tmp"))
         command = ray_command("start", f"--address={gcs_address}", "--block", f"--node-ip-address={node_ip}",
                               f"--num-cpus={cpus}", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
                               *(f"{flag}={port}" for flag, port in zip(_WORKER_PORT_FLAGS, free_ports(len(_WORKER_PORT_FLAGS)))))

@@ -160,7 +160,8 @@ class Relay:
         self._wake.set()
 
     def _run(self) -> None:
-        backoff = 0.5
+        first_backoff = min(0.5, self._max_backoff_s)  # max_backoff_s bounds every wait, the first one too
+        backoff = first_backoff
         while not self._abandon.is_set():
             closing = self._closing.is_set()
             try:
@@ -174,7 +175,7 @@ class Relay:
                 self._abandon.wait(backoff)
                 backoff = min(backoff * 2, self._max_backoff_s)
                 continue
-            backoff = 0.5
+            backoff = first_backoff
             if self._outage_since is not None:
                 self._emit(f"metric logging recovered after {time.monotonic() - self._outage_since:.0f}s")
                 self._outage_since = None

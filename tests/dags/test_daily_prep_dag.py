@@ -29,6 +29,7 @@ def _run(day: str, conf: dict):
     return bag.get_dag("tabular_daily_prep").test(logical_date=after, run_conf=conf)
 
 
+@pytest.mark.slow  # three DAG runs through Airflow
 def test_a_backfill_of_three_days_gives_three_versions_and_asset_events(airflow_db, daily_input):
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session

@@ -8,7 +8,6 @@ with ``make stack-down``'s code and checks that nothing of it runs or listens an
 from __future__ import annotations
 
 import json
-import textwrap
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -26,7 +25,8 @@ from tests.e2e.test_airflow_kill import (
 )
 from tests.selfcontained import predict_in_fresh_interpreter
 from tests.services import free_port, wait_for
-from tests.stack import MLFLOW_PASSWORD, make_stack, remove_stack
+from tests.stack import (MLFLOW_PASSWORD, POOL_DAG_SOURCE, api_token, backfill_done, dag_ids, live_client, make_stack,
+                         remove_stack, unpause, wait_run, xcom)
 
 pytestmark = pytest.mark.e2e
 
@@ -34,66 +34,6 @@ TINY = {"epochs": 2, "batch_size": 64, "hidden_sizes": [16], "nproc_per_node": 1
         "overrides": {"data.shard_size_limit_bytes": 16384, "train.log_every_steps": 10}}
 TODAY = datetime.now(timezone.utc).date()
 DAYS = [str(TODAY - timedelta(days=n)) for n in (3, 2, 1)]
-
-# Training takes the `gpu` pool (1 slot here) on the `gpu` queue. Each task writes its start and end into a file;
-# the two runs' preparations each wait there for the other's start, and a training holds its slot until the test
-# writes its release file: what overlaps, and what does not, follows from those conditions, not from durations.
-POOL_DAG_SOURCE = textwrap.dedent('''
-    import json
-    import sys
-    import time
-
-    from airflow.sdk import dag, task
-
-    from pipeline import deployment
-
-    WAIT_S = 300  # each wait's bound: the test fails on its own timeouts first
-
-    @dag(dag_id="gpu_pool_probe", schedule=None, catchup=False, max_active_runs=4)
-    def gpu_pool_probe():
-        def mark(what, event):
-            from airflow.sdk import get_current_context
-
-            run_id = get_current_context()["run_id"]
-            warm = "torch" in sys.modules  # nothing here imports it: the Celery worker did (pipeline.airflow.preload)
-            with open(deployment.home() / "gpu_pool_probe.jsonl", "a") as f:
-                f.write(json.dumps({"run": run_id, "task": what, "event": event, "time": time.time(), "warm": warm})
-                        + "\\n")
-            return run_id
-
-        def until(condition, what):
-            deadline = time.monotonic() + WAIT_S
-            while not condition():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"gave up waiting for {what}")
-                time.sleep(0.1)
-
-        def started(what):
-            lines = (deployment.home() / "gpu_pool_probe.jsonl").read_text().splitlines()
-            return {m["run"] for m in map(json.loads, lines) if (m["task"], m["event"]) == (what, "start")}
-
-        @task
-        def prepare():
-            mark("prepare", "start")
-            until(lambda: len(started("prepare")) >= 2, "another run's preparation to start beside this one")
-            mark("prepare", "end")
-
-        @task(queue=deployment.train_queue(), pool=deployment.train_pool(), pool_slots=deployment.train_pool_slots(1))
-        def train():
-            run_id = mark("train", "start")
-            release = deployment.home() / f"gpu_pool_probe-release-{run_id}"
-            until(release.exists, f"the test to write {release}")
-            mark("train", "end")
-
-        @task
-        def evaluate():
-            mark("evaluate", "start")
-            mark("evaluate", "end")
-
-        prepare() >> train() >> evaluate()
-
-    gpu_pool_probe()
-''')
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +70,9 @@ def stack(tmp_path_factory, pipeline_home):
     stack.s3, stack.s3_port = True, free_port()
     try:
         stack.up()
-        stack.client = _live_client(stack, stack.client)
+        stack.client = live_client(stack, stack.client)
         client = stack.client()
-        wait_for(lambda: _dag_ids(client) >= {"tabular_mlp", "tabular_daily_prep", "gpu_pool_probe", "torchrun_kill"},
+        wait_for(lambda: dag_ids(client) >= {"tabular_mlp", "tabular_daily_prep", "gpu_pool_probe", "torchrun_kill"},
                  "the dag-processor to parse the stack's DAGs", timeout_s=180, poll_s=1)
         stack.demo_parquet = tmp / "inputs" / "demo.parquet"
         stack.probe_path = pipeline_home / "gpu_pool_probe.jsonl"  # deployment.home() of the tasks
@@ -141,57 +81,13 @@ def stack(tmp_path_factory, pipeline_home):
         remove_stack(stack)
 
 
-def _live_client(stack, make_client):
-    """The stack's REST clients, each request failing at once when a service of the stack has died (with
-    its log's tail), rather than a poll for a run's state timing out minutes later."""
-
-    class LiveClient:
-        def __init__(self):
-            self.inner = make_client()
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def request(self, *args, **kwargs):
-            gone = stack.exited()
-            if gone:
-                tails = {name: (stack.home / "logs" / f"{name}.log").read_text(errors="replace")[-2000:] for name in gone}
-                raise AssertionError(f"stack service(s) {gone} died:\n" + "\n".join(f"--- {n}\n{t}" for n, t in tails.items()))
-            return self.inner.request(*args, **kwargs)
-
-    return LiveClient
-
-
-def _dag_ids(client) -> set[str]:
-    return {d["dag_id"] for d in client.request("GET", "/api/v2/dags?limit=100")["dags"]}
-
-
-def _run_state(client, dag_id: str, run_id: str) -> str:
-    return client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
-
-
-def _wait_run(client, dag_id: str, run_id: str, timeout_s: float = 300) -> str:
-    state = wait_for(lambda: (lambda s: s if s in ("success", "failed") else None)(_run_state(client, dag_id, run_id)),
-                     f"{dag_id} run {run_id} to finish", timeout_s=timeout_s, poll_s=1)
-    return state
-
-
-def _xcom(client, dag_id: str, run_id: str, task_id: str):
-    return client.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
-                                 f"/xcomEntries/return_value")["value"]
-
-
-def _unpause(client, dag_id: str) -> None:
-    client.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
-
-
 def test_api_needs_a_token_and_every_process_listens_on_loopback_only(stack):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"{stack.airflow_url}/api/v2/dags", timeout=30)
     assert refused.value.code == 401
     # A token signed with this stack's secret is accepted; one signed with the old fixed secret is not.
     def get_dags(secret):
-        req = urllib.request.Request(f"{stack.airflow_url}/api/v2/dags", headers={"Authorization": "Bearer " + _token(secret)})
+        req = urllib.request.Request(f"{stack.airflow_url}/api/v2/dags", headers={"Authorization": "Bearer " + api_token(secret)})
         try:
             with urllib.request.urlopen(req, timeout=30) as response:
                 return response.status
@@ -209,38 +105,30 @@ def test_api_needs_a_token_and_every_process_listens_on_loopback_only(stack):
     assert all(ip == "127.0.0.1" for ip, _, _ in listening), listening
 
 
-def _token(secret: str) -> str:
-    import jwt
-
-    now = datetime.now(timezone.utc)
-    claims = {"sub": "admin", "role": "ADMIN", "aud": "apache-airflow", "iat": now, "nbf": now, "exp": now + timedelta(hours=1)}
-    return jwt.encode(claims, secret, algorithm="HS512")
-
-
 def test_rest_trigger_with_conf_runs_to_success_and_registers_on_the_mlflow_server(stack, tmp_path):
     import mlflow
     from mlflow import MlflowClient
 
     client = stack.client()
-    _unpause(client, "tabular_mlp")
+    unpause(client, "tabular_mlp")
     model = "stack_rest_model"
     conf = {"input_path": str(stack.demo_parquet), **TINY, "model_name": model,
             "overrides": {**TINY["overrides"], "registry.experiment": model}}
     run = client.request("POST", "/api/v2/dags/tabular_mlp/dagRuns", {"logical_date": None, "conf": conf})
     assert run["conf"]["model_name"] == model
-    assert _wait_run(client, "tabular_mlp", run["dag_run_id"]) == "success"
+    assert wait_run(client, "tabular_mlp", run["dag_run_id"]) == "success"
 
     tis = {ti["task_id"]: ti for ti in client.request(
         "GET", f"/api/v2/dags/tabular_mlp/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]}
     assert (tis["train"]["queue"], tis["train"]["pool"]) == ("gpu", "gpu")
     assert (tis["prepare_data"]["queue"], tis["prepare_data"]["pool"]) == ("default", "default_pool")
-    summary = _xcom(client, "tabular_mlp", run["dag_run_id"], "promote")
+    summary = xcom(client, "tabular_mlp", run["dag_run_id"], "promote")
     assert summary["model"]["name"] == model and summary["promoted"]
 
     # The version is on the server, and its artifacts come back through the server.
     mlflow_client = MlflowClient(tracking_uri=stack.mlflow_url, registry_uri=stack.mlflow_url)
     version = mlflow_client.get_model_version(model, summary["model"]["version"])
-    assert version.run_id == _xcom(client, "tabular_mlp", run["dag_run_id"], "train")["mlflow_run_id"]
+    assert version.run_id == xcom(client, "tabular_mlp", run["dag_run_id"], "train")["mlflow_run_id"]
     assert mlflow_client.get_registered_model(model).aliases.get("champion") == version.version
     run_info = mlflow_client.get_run(version.run_id).info
     assert run_info.artifact_uri.startswith("mlflow-artifacts:")  # proxied by the server, not a local path
@@ -286,8 +174,8 @@ def test_rest_trigger_with_conf_runs_to_success_and_registers_on_the_mlflow_serv
 
 def test_backfill_of_three_days_prepares_three_versions_and_trains_on_the_newest(stack):
     client = stack.client()
-    _unpause(client, "tabular_mlp")
-    _unpause(client, "tabular_daily_prep")
+    unpause(client, "tabular_mlp")
+    unpause(client, "tabular_daily_prep")
     body = {"dag_id": "tabular_daily_prep", "from_date": f"{DAYS[0]}T00:00:00Z", "to_date": f"{DAYS[-1]}T00:00:00Z",
             "max_active_runs": 3, "reprocess_behavior": "none", "run_backwards": False, "dag_run_conf": {}}
     backfill = client.request("POST", "/api/v2/backfills", body)
@@ -300,7 +188,7 @@ def test_backfill_of_three_days_prepares_three_versions_and_trains_on_the_newest
     runs = wait_for(prep_runs, "the backfill's 3 runs to finish", timeout_s=300, poll_s=1)
     assert [r["state"] for r in runs] == ["success"] * 3, runs
     assert all(r["run_type"] == "backfill" for r in runs)
-    versions = [_xcom(client, "tabular_daily_prep", r["dag_run_id"], "prepare_data") for r in runs]
+    versions = [xcom(client, "tabular_daily_prep", r["dag_run_id"], "prepare_data") for r in runs]
     assert [v["interval"]["start"][:10] for v in versions] == DAYS
     assert len({v["version"] for v in versions}) == 3 and not any(v["skipped"] for v in versions)
     events = client.request("GET", "/api/v2/assets/events?limit=50&source_dag_id=tabular_daily_prep")["asset_events"]
@@ -312,7 +200,7 @@ def test_backfill_of_three_days_prepares_three_versions_and_trains_on_the_newest
         assert not [r for r in mlp if r["state"] == "failed"], mlp
         for r in mlp:
             if r["state"] == "success":
-                prepared = _xcom(client, "tabular_mlp", r["dag_run_id"], "prepare_data")
+                prepared = xcom(client, "tabular_mlp", r["dag_run_id"], "prepare_data")
                 if prepared["versions"][-1] == versions[-1]["version"]:
                     return prepared
         return None
@@ -323,27 +211,22 @@ def test_backfill_of_three_days_prepares_three_versions_and_trains_on_the_newest
     # The same backfill again (every day reprocessed): each day's input is unchanged, nothing is prepared. Airflow
     # refuses a backfill (409) while another of the DAG is active: the scheduler marks the first one completed on
     # one of its loops after its runs have ended.
-    wait_for(lambda: _backfill_done(client, backfill["id"]), "the first backfill to be completed", timeout_s=120,
+    wait_for(lambda: backfill_done(client, backfill["id"]), "the first backfill to be completed", timeout_s=120,
              poll_s=1)
     again = client.request("POST", "/api/v2/backfills", {**body, "reprocess_behavior": "completed"})
     assert again["id"] != backfill["id"]
 
-    wait_for(lambda: _backfill_done(client, again["id"]), "the repeated backfill to finish", timeout_s=300, poll_s=1)
+    wait_for(lambda: backfill_done(client, again["id"]), "the repeated backfill to finish", timeout_s=300, poll_s=1)
     for day_run in client.request("GET", "/api/v2/dags/tabular_daily_prep/dagRuns?limit=50")["dag_runs"]:
         assert day_run["state"] == "success", day_run
-        result = _xcom(client, "tabular_daily_prep", day_run["dag_run_id"], "prepare_data")
+        result = xcom(client, "tabular_daily_prep", day_run["dag_run_id"], "prepare_data")
         assert result["skipped"] and result["version"] in {v["version"] for v in versions}
-
-
-def _backfill_done(client, backfill_id) -> bool:
-    backfill = client.request("GET", f"/api/v2/backfills/{backfill_id}")
-    return backfill.get("completed_at") is not None
 
 
 def test_gpu_pool_of_one_slot_runs_one_training_at_a_time_while_other_tasks_overlap(stack):
     client = stack.client()
     assert client.request("GET", "/api/v2/pools/gpu")["slots"] == 1
-    _unpause(client, "gpu_pool_probe")
+    unpause(client, "gpu_pool_probe")
     runs = [client.request("POST", "/api/v2/dags/gpu_pool_probe/dagRuns", {"logical_date": None})["dag_run_id"]
             for _ in range(2)]
 
@@ -368,7 +251,7 @@ def test_gpu_pool_of_one_slot_runs_one_training_at_a_time_while_other_tasks_over
     wait_for(lambda: second in marks("train", "start"), "the second training to start", timeout_s=240)
     release(second)
     for run_id in runs:
-        assert _wait_run(client, "gpu_pool_probe", run_id, timeout_s=240) == "success"
+        assert wait_run(client, "gpu_pool_probe", run_id, timeout_s=240) == "success"
 
     assert marks("train", "end")[first]["time"] <= marks("train", "start")[second]["time"]  # never two at once
     starts, ends = marks("prepare", "start"), marks("prepare", "end")
@@ -380,7 +263,7 @@ def test_gpu_pool_of_one_slot_runs_one_training_at_a_time_while_other_tasks_over
 
 def test_a_task_marked_failed_through_the_api_leaves_no_training_process(stack):
     client = stack.client()
-    _unpause(client, "torchrun_kill")
+    unpause(client, "torchrun_kill")
     run_id, job = trigger_and_wait_for_ranks(client, job_marker())
     client.request("PATCH", f"/api/v2/dags/torchrun_kill/dagRuns/{run_id}/taskInstances/sleep_long", {"new_state": "failed"})
     wait_for(lambda: not still_alive(job), "every process of the job to end after 'mark failed'", timeout_s=60)
@@ -390,23 +273,17 @@ def test_a_task_marked_failed_through_the_api_leaves_no_training_process(stack):
 @pytest.fixture()
 def browser(stack, tmp_path):
     """Chromium logged in as the admin; the screenshots stay in the test's artifacts folder."""
-    from tests.browser import Browser
+    from tests.browser import signed_in
 
-    artifacts = tmp_path / "artifacts"
-    browser = Browser(artifacts)
-    try:
-        browser.login(stack.airflow_url, "admin", stack.admin_password())
+    with signed_in(stack.airflow_url, "admin", stack.admin_password(), tmp_path / "artifacts") as browser:
         yield browser
-    finally:
-        browser.close()
-        print(f"screenshots: {artifacts}")
 
 
 def test_ui_trigger_form_run_task_log_and_mlflow_link(stack, browser):
     from selenium.webdriver.common.by import By
 
     client = stack.client()
-    _unpause(client, "tabular_mlp")
+    unpause(client, "tabular_mlp")
     driver = browser.driver
     driver.get(f"{stack.airflow_url}/dags/tabular_mlp")
     browser.wait(lambda: browser.by_text("button", "Trigger"), "the Trigger button")[0].click()
@@ -434,7 +311,7 @@ def test_ui_trigger_form_run_task_log_and_mlflow_link(stack, browser):
     run_id = url.split("/runs/", 1)[1].split("/")[0]
     run = client.request("GET", f"/api/v2/dags/tabular_mlp/dagRuns/{run_id}")
     assert (run["conf"]["epochs"], run["conf"]["model_name"], run["conf"]["nproc_per_node"]) == (2, model, 1)
-    assert _wait_run(client, "tabular_mlp", run_id) == "success"
+    assert wait_run(client, "tabular_mlp", run_id) == "success"
     driver.refresh()
     browser.wait(lambda: browser.by_text("span", "Success") or "Success" in driver.find_element(By.TAG_NAME, "body").text,
                  "the run page to show success")
@@ -460,7 +337,7 @@ def test_ui_trigger_form_run_task_log_and_mlflow_link(stack, browser):
 
     driver.get(f"{stack.airflow_url}/dags/tabular_mlp/runs/{run_id}/tasks/train/details")
     link = browser.wait(lambda: browser.by_text("a", "MLflow"), "the MLflow extra link")[0]
-    mlflow_run = _xcom(client, "tabular_mlp", run_id, "train")["mlflow_run_id"]
+    mlflow_run = xcom(client, "tabular_mlp", run_id, "train")["mlflow_run_id"]
     assert link.get_attribute("href").startswith(stack.mlflow_url) and mlflow_run in link.get_attribute("href")
     browser.shot("extra-link")
     link.click()
@@ -474,7 +351,7 @@ def test_ui_approves_a_require_approval_run_on_the_required_actions_page(stack, 
     from selenium.webdriver.common.by import By
 
     client = stack.client()
-    _unpause(client, "tabular_mlp")
+    unpause(client, "tabular_mlp")
     model = "stack_approval_model"
     conf = {"input_path": str(stack.demo_parquet), **TINY, "epochs": 1, "model_name": model, "require_approval": True,
             "overrides": {**TINY["overrides"], "registry.experiment": model, "evaluate.min_improvement": -1.0}}
@@ -499,10 +376,10 @@ def test_ui_approves_a_require_approval_run_on_the_required_actions_page(stack, 
     approve = browser.wait(lambda: browser.by_text("button", "Approve"), "the Approve button")[0]
     browser.shot("approval-form")
     approve.click()
-    assert _wait_run(client, "tabular_mlp", run_id) == "success"
-    summary = _xcom(client, "tabular_mlp", run_id, "promote")
+    assert wait_run(client, "tabular_mlp", run_id) == "success"
+    summary = xcom(client, "tabular_mlp", run_id, "promote")
     assert summary["promoted"], summary
-    assert _xcom(client, "tabular_mlp", run_id, "approve")["chosen_options"] == ["Approve"]
+    assert xcom(client, "tabular_mlp", run_id, "approve")["chosen_options"] == ["Approve"]
     driver.refresh()
     browser.wait(lambda: "Success" in driver.find_element(By.TAG_NAME, "body").text, "the approve task shown as success")
     browser.shot("approved")

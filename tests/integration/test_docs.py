@@ -184,8 +184,9 @@ def test_the_demo_output_keys_are_described(page):
 
 
 def test_the_kubernetes_role_is_the_one_the_lifecycle_tests_allow():
-    """The Role on the Kubernetes page grants exactly the verbs tests/unit/test_kube_launcher.py allows."""
-    tree = ast.parse((ROOT / "tests" / "unit" / "test_kube_launcher.py").read_text())
+    """The Role on the Kubernetes page grants exactly the verbs the lifecycle tests allow (``ROLE`` in
+    tests/kube_launch.py, shared by tests/unit/test_kube_launcher.py and test_kube_deferred.py)."""
+    tree = ast.parse((ROOT / "tests" / "kube_launch.py").read_text())
     allowed = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
                    and any(isinstance(t, ast.Name) and t.id == "ROLE" for t in node.targets))
     page = (DOCS / "launching" / "kubernetes.md").read_text()

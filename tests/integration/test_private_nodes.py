@@ -5,17 +5,20 @@ server (moto's) and no volume in its pods.
 No cluster runs here: the stand-in API server plays the cluster, and its scenario runs each pod's rendered command
 (the mirror's agent around torchrun, ``pipeline.job.mirror``) and environment (plus what the pods' Kubernetes
 Secret would add: the store's endpoint and keys) as a real process, in a network namespace of its own (the pods on
-one bridge, the S3 server reached at the bridge's address) and a mount namespace in which ``/tmp`` (the test's
-folders, the supervisor's job folder, the runs folder) and ``/dev/shm`` are empty tmpfs of its own. So the config
-reaches the ranks, and heartbeats, metrics, checkpoints and the result reach the supervisor, through the bucket
-only."""
+one bridge, the S3 server reached at the bridge's address) and a mount namespace in which the session's home (the
+runs folder, the supervisor's job folder), pytest's temporary folders (the test's) and ``/dev/shm`` are empty tmpfs
+of its own, and its ``TMPDIR`` and ``HOME`` a tmpfs folder of its own. The checkout and its interpreter stay visible
+wherever they are (a clone under /tmp included). So the config reaches the ranks, and heartbeats, metrics,
+checkpoints and the result reach the supervisor, through the bucket only."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -36,9 +39,18 @@ pytestmark = pytest.mark.distributed
 CONN = "k8s_private_nodes"
 
 
-def _pods_run_privately(network: PodNetwork, secret_env: dict[str, str], outputs: dict[str, list[str]]):
+@pytest.fixture
+def unseen(pipeline_home, tmp_path_factory) -> list[str]:
+    """The folders of this machine that no node sees: the session's home (runs, job folders, data) and pytest's
+    temporary folders (the test's own). Not /tmp as a whole: a checkout there, and its interpreter, would go too."""
+    return [str(pipeline_home), str(tmp_path_factory.getbasetemp())]
+
+
+def _pods_run_privately(network: PodNetwork, secret_env: dict[str, str], outputs: dict[str, list[str]],
+                        unseen: list[str], node_dirs: list[Path]):
     """The cluster's part: each pod of a Job runs its rendered command as a process in its namespaces; its lines
-    are its log, its exit code its phase; the Job completes when every pod succeeded."""
+    are its log, its exit code its phase; the Job completes when every pod succeeded. Each pod's ``TMPDIR`` and
+    ``HOME`` are a folder of ``node_dirs``, a tmpfs of its own inside the pod."""
 
     def scenario(cluster: StandinCluster, job: dict) -> None:
         keys = cluster.make_pods(job)
@@ -50,9 +62,12 @@ def _pods_run_privately(network: PodNetwork, secret_env: dict[str, str], outputs
             command, env = rendered_pod(manifests, index)
             assert command[0] == "python"  # the image's interpreter; this machine's here
             image_path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # its python first
-            env = {"PATH": image_path, "HOME": "/tmp", "LANG": "C.UTF-8", **env, **secret_env}
             hostname = f"{name}-{index}"
-            argv = network.wrap(index, hostname, ["/tmp"], [sys.executable, *command[1:]])
+            node_dir = Path(tempfile.mkdtemp(prefix=f"{hostname}-"))
+            node_dirs.append(node_dir)
+            env = {"PATH": image_path, "HOME": str(node_dir), "TMPDIR": str(node_dir), "LANG": "C.UTF-8", **env,
+                   **secret_env}
+            argv = network.wrap(index, hostname, [*unseen, str(node_dir)], [sys.executable, *command[1:]])
             processes.append(subprocess.Popen(argv, env=env, cwd=deployment.PROJECT_ROOT, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True))
             cluster.set_pod(key, "Running")
@@ -97,18 +112,16 @@ def pod_network():
     network.remove()
 
 
-def _kill_node_once_checkpointed(network: PodNetwork, node: int, checkpoints: str, env: dict[str, str], killed: list):
-    """SIGKILL every process of pod ``node`` once a complete checkpoint is on the bucket (as a node lost)."""
+def _kill_node_once_checkpointed(network: PodNetwork, node: int, checkpoints: str, killed: list,
+                                 done: threading.Event) -> threading.Thread:
+    """SIGKILL every process of pod ``node`` once a complete checkpoint is on the bucket (as a node lost); it gives up
+    once ``done`` is set, before the test ends. It reads the bucket with the test's environment and never changes it:
+    a thread that sets and restores variables, outliving its test, can take a later test's credentials away."""
     import signal
-    import time
 
     def watch() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not killed:
-            with pytest.MonkeyPatch.context() as patch:
-                for key, value in env.items():
-                    patch.setenv(key, value)
-                steps = [step for step, _ in CheckpointStore(checkpoints).complete()]
+        while not done.wait(0.3):
+            steps = [step for step, _ in CheckpointStore(checkpoints).complete()]
             pids = subprocess.run(["ip", "netns", "pids", network.names[node]], capture_output=True,
                                   text=True).stdout.split()
             if steps and pids:
@@ -116,7 +129,6 @@ def _kill_node_once_checkpointed(network: PodNetwork, node: int, checkpoints: st
                     os.kill(int(pid), signal.SIGKILL)
                 killed.append(max(steps))
                 return
-            time.sleep(0.3)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -124,7 +136,7 @@ def _kill_node_once_checkpointed(network: PodNetwork, node: int, checkpoints: st
 
 
 @pytest.mark.parametrize("lose_a_node", [False, True], ids=["whole", "node-lost"])
-def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3_server, s3, pod_network,
+def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3_server, s3, pod_network, unseen,
                                                                                demo_parquet, monkeypatch, tmp_path,
                                                                                lose_a_node):
     from pipeline.job.supervisor import Job
@@ -138,7 +150,9 @@ def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3
     relay = Relay(s3_server.port, host=pod_network.host_ip)  # the store, as the pods reach it
     secret_env = s3_server.env() | {"AWS_ENDPOINT_URL": relay.endpoint}
     outputs: dict[str, list[str]] = {}
-    cluster = StandinCluster(_pods_run_privately(pod_network, secret_env, outputs)).__enter__()
+    node_dirs: list[Path] = []
+    cluster = StandinCluster(_pods_run_privately(pod_network, secret_env, outputs, unseen, node_dirs)).__enter__()
+    watcher, done = None, threading.Event()
     for key, value in cluster.connection_env(CONN).items():
         monkeypatch.setenv(key, value)
     try:
@@ -155,12 +169,18 @@ def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3
         store = f"{s3}/jobs/{deployment.job_key(spec.files.root)}"
         killed: list[int] = []
         if lose_a_node:
-            _kill_node_once_checkpointed(pod_network, 1, f"{store}/checkpoints", s3_server.env(), killed)
+            watcher = _kill_node_once_checkpointed(pod_network, 1, f"{store}/checkpoints", killed, done)
         lines: list[str] = []
         result = Job(spec, clusters=AirflowClusters(), metrics_flush_timeout_s=30).run(lines.append)
     finally:
+        done.set()
+        if watcher is not None:
+            watcher.join(timeout=60)
         cluster.__exit__()
         relay.down()
+        left_on_host = {str(d): [p.name for p in d.iterdir()] for d in node_dirs}
+        for node_dir in node_dirs:
+            shutil.rmtree(node_dir, ignore_errors=True)
     everything = "\n".join(lines) + "\n" + "\n".join(line for out in outputs.values() for line in out)
     assert result is not None, everything[-4000:]
     files = spec.files
@@ -179,8 +199,10 @@ def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3
         assert result["resumed_from"].startswith(f"{store}/checkpoints/step-")
     else:
         assert len(cluster.created_jobs) == 1 and result["start_step"] == 0
-    # What the pods wrote in their own folders never appeared in this one: torchrun's logs stayed in the pods.
+    # What the pods wrote in their own folders never appeared in this one: torchrun's logs stayed in the pods, and
+    # their TMPDIR (the staging of checkpoints, torchrun's files) was a tmpfs over the folder made for them here.
     assert not list(files.root.glob("logs-try*/torchrun-*/node-*"))
+    assert node_dirs and not any(left_on_host.values()), left_on_host
     # The checkpoints are on the bucket, under the job's copy: complete ones, none in the job folder.
     saved = CheckpointStore(f"{store}/checkpoints").complete()
     assert saved and saved[0][0] == result["steps"]
@@ -191,11 +213,12 @@ def test_a_two_node_job_whose_nodes_share_no_folder_trains_through_the_bucket(s3
 
 
 @pytest.mark.ray
-def test_a_ray_job_whose_worker_node_shares_no_folder_trains_through_the_bucket(s3_server, s3, demo_parquet,
+def test_a_ray_job_whose_worker_node_shares_no_folder_trains_through_the_bucket(s3_server, s3, demo_parquet, unseen,
                                                                                 monkeypatch, tmp_path):
-    """A Ray head on this machine and a worker node in a network namespace whose /tmp (the runs folder, the test's
-    folders) is a tmpfs of its own, one Ray Train worker on each: the worker there fetches the config from the job
-    folder's copy and pushes its files there; Ray Train's storage path and the checkpoints are on the bucket."""
+    """A Ray head on this machine and a worker node in a network namespace to which the runs folder and the test's
+    folders are empty tmpfs, and whose Ray session folder and TMPDIR are a tmpfs of its own, one Ray Train worker on
+    each: the worker there fetches the config from the job folder's copy and pushes its files there; Ray Train's
+    storage path and the checkpoints are on the bucket."""
     from pipeline.job.ray.cluster import LocalCluster
     from pipeline.job.supervisor import Job
     from tests.netns import NetworkNamespace
@@ -216,8 +239,10 @@ def test_a_ray_job_whose_worker_node_shares_no_folder_trains_through_the_bucket(
     worker = None
     try:
         head.start(print)
-        worker = WorkerNode(head.gcs_address, node_ip=worker_ip, cpus=1, wrap=namespace.wrap(private=["/tmp"]),
-                            env={"GLOO_SOCKET_IFNAME": namespace.dev})
+        node_dir = Path(tempfile.mkdtemp(prefix="raywk-", dir="/tmp"))  # short: Ray's socket paths are in it
+        worker = WorkerNode(head.gcs_address, node_ip=worker_ip, cpus=1, temp_dir=node_dir,
+                            wrap=namespace.wrap(private=[*unseen, str(node_dir)]),
+                            env={"GLOO_SOCKET_IFNAME": namespace.dev, "TMPDIR": str(node_dir)})
         wait_for_nodes(head.address, 2)
         cfg = tabular_mlp.config("tiny").with_overrides({
             "data.input_path": str(demo_parquet), "train.epochs": 2, "train.batch_size": 32,
@@ -246,5 +271,5 @@ def test_a_ray_job_whose_worker_node_shares_no_folder_trains_through_the_bucket(
     assert saved and saved[0][0] == result["steps"]
     assert storage.sizes(f"{store}/ray"), "Ray Train's storage path is on the bucket"
     assert not spec.files.checkpoints.exists()
-    # The worker node's /tmp was its own: its Ray session is not in the folder this machine made for it.
+    # The worker node's folder was its own: its Ray session is not in the folder this machine made for it.
     assert session_files == ["node.log"], session_files

@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.data.demo import write_idx
 from pipeline.data.prepare.version import prepare
+from pipeline.data.read import shards
 from pipeline.data.read.shards import _images, decode_columns
 from pipeline.data.read.training_data import TrainingData
 from tests.datafiles import (
@@ -23,7 +24,6 @@ from tests.datafiles import (
     write_image_folder,
     write_parquet,
 )
-from tests.services import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +125,20 @@ def test_read_split_and_encode_columns_match_the_per_sample_path(tabular, tmp_pa
         assert got.dtype == expected.dtype and np.array_equal(got, expected)
 
 
+@pytest.mark.parametrize("binary", [False, True])
+def test_text_codes_are_the_same_from_pyarrows_encoder_and_from_the_dict(binary):
+    """Small columns are encoded without importing pyarrow.compute, large ones with it: the same codes either way
+    (values that differ only by a trailing NUL, or by case, stay distinct)."""
+    import pyarrow as pa
+
+    values = ["b", "a", "", "b", "a\x00", "é", "A", "", "a"] * 3
+    array = pa.array([v.encode() for v in values] if binary else values, pa.large_binary() if binary else None)
+    by_dict, by_pyarrow = shards._dict_encode(array.to_pylist()), shards._pyarrow_encode(array)
+    for codes, distinct in (by_dict, by_pyarrow):
+        assert codes.dtype == np.int32 and [distinct[c] for c in codes] == array.to_pylist()
+    assert np.array_equal(by_dict[0], by_pyarrow[0]) and by_dict[1] == by_pyarrow[1]
+
+
 def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order():
     import threading
 
@@ -132,17 +146,20 @@ def test_read_ahead_reads_on_its_own_thread_up_to_its_depth_and_keeps_the_order(
 
     asked = [0]  # the consumer's next() calls begun
     pulled: list[tuple[int, int, str]] = []  # (item, next() calls begun when the source gave it, thread)
+    took = threading.Condition()
 
     def source():
         for i in range(10):
-            pulled.append((i, asked[0], threading.current_thread().name))
+            with took:
+                pulled.append((i, asked[0], threading.current_thread().name))
+                took.notify_all()
             yield i
 
     ahead, got = ReadAhead(source(), 2), []
     for n in range(10):
         # Before each next(): the thread has taken what there is room for (two queued, a third in hand).
-        wait_for(lambda: len(pulled) >= min(10, n + 3), f"the thread to take {min(10, n + 3)} items", timeout_s=30,
-                 poll_s=0.005)
+        with took:
+            assert took.wait_for(lambda: len(pulled) >= min(10, n + 3), timeout=30), pulled
         asked[0] += 1
         got.append(next(ahead))
     assert list(ahead) == [] and got == list(range(10))
@@ -171,23 +188,27 @@ def test_a_dropped_read_ahead_stops_and_closes_its_source_on_its_thread():
     from pipeline.data.read.ahead import ReadAhead
 
     closed: list[str] = []
+    closing = threading.Event()
 
     def source():
         try:
             yield from range(1_000_000)
         finally:
             closed.append(threading.current_thread().name)
+            closing.set()
 
-    def readers() -> int:
-        return sum(t.name == "read-ahead" for t in threading.enumerate())
+    def readers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "read-ahead"}
 
     before = readers()
     ahead = ReadAhead(source(), 2)
     assert next(ahead) == 0
+    started = readers() - before
     del ahead  # a preempted rank drops its batches mid-epoch
-    wait_for(lambda: closed == ["read-ahead"], "the source closed on the read-ahead thread", timeout_s=30,
-             poll_s=0.005)
-    wait_for(lambda: readers() <= before, "the read-ahead thread to end", timeout_s=30, poll_s=0.005)
+    assert closing.wait(30) and closed == ["read-ahead"]  # the source closed on the read-ahead thread
+    for thread in started:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in started)  # and the thread ended
 
 
 def test_the_loaders_transform_runs_ahead_of_the_caller(tabular, tmp_path):
@@ -196,15 +217,17 @@ def test_the_loaders_transform_runs_ahead_of_the_caller(tabular, tmp_path):
     import threading
 
     threads: set[str] = set()
+    transformed = threading.Event()
 
     def transform(columns):
         threads.add(threading.current_thread().name)
+        transformed.set()
         return columns
 
     data = TrainingData.open([tabular["uri"]], tmp_path / "cache")
     batches = iter(data.loader("train", batch_size=32, shuffle=True, seed=3, transform=transform))
-    wait_for(lambda: threads == {"read-ahead"}, "a batch transformed before the first next()", timeout_s=30,
-             poll_s=0.005)
+    assert transformed.wait(30), "no batch transformed before the first next()"
+    assert threads == {"read-ahead"}
     assert sum(len(b["id"]) for b in batches) == tabular["splits"]["train"]
     assert threads == {"read-ahead"}
 

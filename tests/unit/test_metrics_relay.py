@@ -3,7 +3,6 @@ server, a line being written or a line cut short by a killed rank."""
 
 import json
 import threading
-import time
 
 from pipeline.registry.metrics_relay import MAX_BATCH, MetricsFile, Relay
 from pipeline.job_files import MetricsSink
@@ -23,6 +22,19 @@ class Recorder:
     @property
     def values(self):
         return [value for batch in self.batches for value in batch]
+
+
+class Messages(list):
+    """What the relay says, and ``failed``: set once it has said that a send failed."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = threading.Event()
+
+    def __call__(self, message: str) -> None:
+        self.append(message)
+        if "metric logging failed" in message:
+            self.failed.set()
 
 
 def test_a_sink_writes_whole_lines_and_the_relay_sends_each_value_once(tmp_path):
@@ -73,17 +85,18 @@ def test_batches_stay_within_mlflows_limit(tmp_path):
 
 def test_the_relay_keeps_what_the_server_refuses_and_sends_it_when_it_is_back(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    sink, send, messages = MetricsSink(path), Recorder(), []
+    sink, send, messages = MetricsSink(path), Recorder(), Messages()
     send.down.set()
-    relay = Relay([MetricsFile(path)], send, interval_s=0.05, max_backoff_s=0.1, emit=messages.append)
     for step in range(20):
         sink.log({"step_loss": float(step)}, step=step)
-    assert relay.close(timeout_s=0.5) == 20  # still down at the end: all of it stays in the file
-    assert send.values == [] and any("metric logging failed" in m for m in messages)
+    relay = Relay([MetricsFile(path)], send, interval_s=0.05, max_backoff_s=0.1, emit=messages)
+    assert messages.failed.wait(30)  # its first send of the 20 values was refused
+    assert relay.close(timeout_s=0) == 20  # still down at the end: all of it stays in the file
+    assert send.values == []
     assert any("register_model sends them" in m for m in messages)
 
     send.down.clear()  # the server is back: the next relay (register_model's) sends exactly what was left
-    relay = Relay([MetricsFile(path)], send, interval_s=0.05, emit=messages.append)
+    relay = Relay([MetricsFile(path)], send, interval_s=0.05, emit=messages)
     sink.log({"val_loss": 0.5}, step=20)
     sink.close()
     assert relay.close(timeout_s=5) == 0
@@ -92,14 +105,12 @@ def test_the_relay_keeps_what_the_server_refuses_and_sends_it_when_it_is_back(tm
 
 def test_the_relay_recovers_within_a_run(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    sink, send, messages = MetricsSink(path), Recorder(), []
+    sink, send, messages = MetricsSink(path), Recorder(), Messages()
     send.down.set()
     sink.log({"a": 1.0}, step=1)
-    relay = Relay([MetricsFile(path)], send, interval_s=0.05, max_backoff_s=0.1, emit=messages.append)
-    deadline = time.monotonic() + 10
-    while not messages and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert messages and "metric logging failed (ConnectionError" in messages[0]
+    relay = Relay([MetricsFile(path)], send, interval_s=0.05, max_backoff_s=0.1, emit=messages)
+    assert messages.failed.wait(30)
+    assert "metric logging failed (ConnectionError" in messages[0]
     sink.log({"a": 2.0}, step=2)
     send.down.clear()
     sink.close()

@@ -81,12 +81,11 @@ def test_a_task_waits_for_a_preload_that_is_importing(tmp_path, monkeypatch):
     import threading
     import types
 
-    from tests.services import wait_for
-
-    gate = types.SimpleNamespace(open=threading.Event())  # the module's import goes on once the gate opens
+    # The module's import says it began, then goes on once the gate opens.
+    gate = types.SimpleNamespace(began=threading.Event(), open=threading.Event())
     monkeypatch.setitem(sys.modules, "slow_to_import_gate", gate)
-    (tmp_path / "slow_to_import.py").write_text("import slow_to_import_gate\nslow_to_import_gate.open.wait(60)\n"
-                                                "DONE = True\n")
+    (tmp_path / "slow_to_import.py").write_text("import slow_to_import_gate\nslow_to_import_gate.began.set()\n"
+                                                "slow_to_import_gate.open.wait(60)\nDONE = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
     go = threading.Event()
@@ -94,23 +93,35 @@ def test_a_task_waits_for_a_preload_that_is_importing(tmp_path, monkeypatch):
     preload.settled()  # a preload still waiting for its event holds nothing up (make demo's first task)
     assert "slow_to_import" not in sys.modules
     go.set()
-    wait_for(lambda: "slow_to_import" in sys.modules or not thread.is_alive(), "the preload to start importing",
-             timeout_s=60, poll_s=0.005)
+    assert gate.began.wait(60), "the preload never began importing"
     assert not hasattr(sys.modules["slow_to_import"], "DONE")  # half-imported, as the failing task saw it
 
-    task = threading.get_ident()
+    class Watched:
+        """The preload's lock, saying when a task begins to wait on it."""
+
+        def __init__(self, lock):
+            self.lock, self.waiting = lock, threading.Event()
+
+        def __enter__(self):
+            self.waiting.set()
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    importing = Watched(preload._IMPORTING)  # held by the preload's thread since its import began
+    monkeypatch.setattr(preload, "_IMPORTING", importing)
 
     def open_the_gate_once_the_task_waits():
         try:
-            wait_for(lambda: sys._current_frames()[task].f_code is preload.settled.__code__,
-                     "the task to wait in preload.settled()", timeout_s=60, poll_s=0.005)
+            importing.waiting.wait(60)
         finally:
             gate.open.set()
 
     opener = threading.Thread(target=open_the_gate_once_the_task_waits, daemon=True)
     opener.start()
     preload.settled()
-    assert sys.modules["slow_to_import"].DONE
+    assert importing.waiting.is_set() and sys.modules["slow_to_import"].DONE
     opener.join(60)
     thread.join(60)
 

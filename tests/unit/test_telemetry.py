@@ -106,24 +106,33 @@ def test_flops_from_the_models_shape_and_a_configured_peak():
     assert peak_flops(torch.device("cpu"), 1.5) == 1.5e12
 
 
-def test_the_compute_clock_times_training_forward_passes_only():
-    import time
+def test_the_compute_clock_times_training_forward_passes_only(monkeypatch):
+    import types
 
     import torch
 
+    from pipeline.train import throughput
     from pipeline.train.throughput import Throughput
 
+    now = [100.0]  # the host's clock, moved by the work below only
+    monkeypatch.setattr(throughput, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def work(seconds: float) -> None:
+        now[0] += seconds
+
     model = torch.nn.Linear(4, 4)
-    model.register_forward_pre_hook(lambda module, args: time.sleep(0.02))  # the model's own work
+    model.register_forward_pre_hook(lambda module, args: work(0.25))  # the model's own work
     meter = Throughput(world_size=1)
     meter.watch(model)
     for _ in range(3):
         model(torch.zeros(1, 4))
+        work(0.5)  # backward, the optimizer, the collectives: the step's, not the forward pass's
         meter.step(1)
     model.eval()
     model(torch.zeros(1, 4))  # validation: not this rank's training work
     figures = meter.window()
-    assert 0.02 <= figures["compute_s"] < figures["step_time_s"] * 1.01
+    assert figures["compute_s"] == 0.25  # per step: the three training forward passes, not the validation one
+    assert figures["step_time_s"] == (3 * (0.25 + 0.5) + 0.25) / 3
     assert meter.window()["compute_s"] == 0.0  # each window its own
 
 
