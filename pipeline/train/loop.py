@@ -314,7 +314,7 @@ class _Loop:
             rng_states = distributed.gather(ctx.dist, capture_rng())
             state = {
                 "step": step, "epoch": epoch, "world_size": ctx.dist.world_size, "config_digest": self.config_digest,
-                "scheduler": self.scheduler.state_dict(), "loader": loader_state, "rng": rng_states, "metrics": metrics,
+                "dataset_versions": list(self.data.versions), "scheduler": self.scheduler.state_dict(), "loader": loader_state, "rng": rng_states, "metrics": metrics,
             }
             done = lambda path: print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True)  # noqa: E731
             if self.parallel.sharded:
@@ -351,7 +351,7 @@ class _Loop:
     def _resume(self) -> dict[str, Any] | None:
         """Load the newest intact checkpoint of this job, if any; every rank loads the one rank 0 chose."""
         ctx, tc = self.ctx, self.cfg.train
-        chosen = latest_checkpoint(ctx, self.config_digest)
+        chosen = latest_checkpoint(ctx, self.config_digest, self.data.versions)
         if chosen is None:
             return None
         path, state, where = chosen

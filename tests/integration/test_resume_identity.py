@@ -1,6 +1,7 @@
 """A retry of the train task resumes from the last try's checkpoints when only how or where the work runs changed
 (another input path of the same bytes, preparation workers and batch rows, logging, registry, gate, ranks), and
-starts over, saying why, when a field that changes the trained model did. Real torchrun ranks, a real MLflow."""
+starts over, saying why, when a field that changes the trained model did or the rows are another dataset version.
+Real torchrun ranks, a real MLflow."""
 
 from __future__ import annotations
 
@@ -46,3 +47,13 @@ def test_a_retry_resumes_across_where_changes_and_starts_over_on_a_what_change(d
     assert restarted["resumed_from"] is None and restarted["start_step"] == 0
     said = [line for line in lines if "not resuming" in line]
     assert said and first_cfg.digest() in said[0] and faster.digest() in said[0], lines
+
+    # The same settings over other rows (another file, so another dataset version) start over too.
+    from pipeline.data import demo
+
+    other_rows = demo.write_parquet(tmp_path / "other" / demo_parquet.name, 6_000, seed=2)
+    newer, again, lines = attempt(faster.with_overrides({"data.input_path": str(other_rows)}), 4)
+    assert newer.version != moved.version
+    assert again["resumed_from"] is None and again["start_step"] == 0
+    said = [line for line in lines if "not resuming" in line]
+    assert said and moved.version in said[0] and newer.version in said[0], lines
