@@ -60,8 +60,13 @@ RANK = textwrap.dedent(
         if mode == "preempt" and restart == 0:
             from pipeline.job_files import PREEMPTED_EXIT_CODE, mark_preempted
 
+            progress = Path(os.environ["PIPELINE_PROGRESS_DIR"])
             if rank == 0:
-                mark_preempted(Path(os.environ["PIPELINE_PROGRESS_DIR"]), rank=0, step=7)
+                mark_preempted(progress, rank=0, step=7)
+            # As the trainer's barrier does: no rank exits before the marker exists (a rank's exit ends the others).
+            deadline = time.monotonic() + 60
+            while not (progress / "preempted.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             sys.exit(PREEMPTED_EXIT_CODE)
         if rank == 0:
             result = {"restart": restart, "env": {k: os.environ.get(k) for k in %r}}
