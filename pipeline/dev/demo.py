@@ -1,5 +1,7 @@
 """`make demo [RECIPE=name]`: write the recipe's demo data, run its DAG through Airflow, summarize.
 
+``--conf '{"input_path": ...}'`` runs it on data of the user's instead, with the recipe's default variant.
+
 ``--sweep`` runs the recipe's sweep DAG instead (``<recipe>_sweep``): its best trial is the model summarized.
 
 Runs on the embedded default (SQLite Airflow, local MLflow, local torchrun). The last line printed
@@ -91,6 +93,18 @@ def _airflow_db_current() -> bool:
     return True
 
 
+def demo_conf(recipe, conf: dict[str, Any]) -> dict[str, Any]:
+    """The DAG run's conf: ``conf`` over the demo's input and the recipe's ``demo`` variant, whose settings are for
+    the demo's data (Fashion-MNIST's test files, its class names). With an ``input_path`` of the user's, the demo's
+    input is neither written nor read and the variant is the recipe's ``default`` unless ``conf`` names one."""
+    if conf.get("input_path") and conf["input_path"] != recipe.demo_input_path():
+        variant = conf.get("variant", "default")
+        print(f"your input {conf['input_path']}: the recipe's {variant!r} variant (the demo variant's settings are "
+              f"for the demo's data)", flush=True)
+        return {"variant": variant, **conf}
+    return {"input_path": recipe.demo_input(), "variant": "demo", **conf}
+
+
 def human_summary(summary: Promotion, total_s: float) -> str:
     metrics, dataset, model = summary.test_metrics, summary.dataset, summary.model
     baseline = f" (majority class {metrics['majority_rate']:.4f})" if "majority_rate" in metrics else ""
@@ -136,9 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.recipes import get_recipe
 
     recipe = get_recipe(args.recipe)
-    input_path = recipe.demo_input()
+    conf = demo_conf(recipe, json.loads(args.conf))
     migrate_airflow_db()
-    conf = {"input_path": input_path, "variant": "demo", **json.loads(args.conf)}
     if LAUNCHES[args.launch]:
         conf["overrides"] = {**LAUNCHES[args.launch], **conf.get("overrides", {})}
     dag_id = f"{recipe.name}_sweep" if args.sweep else recipe.name
