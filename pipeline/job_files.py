@@ -23,6 +23,9 @@ ranks write, and the supervisor reads:
   metrics files are written by ``MetricsSink``), and the supervisor's per-rank metrics (``telemetry.jsonl``, relayed the same way) and its record of every attempt's
   hours and cost (``attempts.jsonl``).
 
+Every write to the folder goes through the disk-space rule (``pipeline.diskspace``): a full disk is one
+``OutOfSpace`` naming the file, the bytes it needed and the bytes free, a user error that is not retried.
+
 Standard library only: the supervisor, every rank and a toolchain's own interpreter import it.
 """
 
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.diskspace import space_checked
 from pipeline.errors import RankUserError, UserError
 
 JOB_DIR_ENV = "PIPELINE_JOB_DIR"
@@ -202,18 +206,32 @@ class MetricsSink:
 
     def __init__(self, path: Path | None):
         self._file = None
+        self.path = path
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")
             if self._file.tell() and _last_byte(path) != b"\n":
-                self._file.write("\n")  # a line cut short by a killed attempt stays on its own
+                self._write("\n")  # a line cut short by a killed attempt stays on its own
 
     def log(self, values: dict[str, float], step: int) -> None:
         if self._file is not None:
             row = {"step": step, "timestamp": int(time.time() * 1000),
                    "metrics": {key: float(value) for key, value in values.items()}}
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
+            self._write(json.dumps(row) + "\n")
+
+    def _write(self, line: str) -> None:
+        with space_checked(self.path, len(line)):
+            try:
+                self._file.write(line)
+                self._file.flush()
+            except OSError:
+                self._abandon()  # its buffer would be flushed again, and fail again, when it is collected
+                raise
+
+    def _abandon(self) -> None:
+        file, self._file = self._file, None
+        with contextlib.suppress(OSError):
+            file.close()
 
     def close(self) -> None:
         if self._file is not None:
@@ -258,8 +276,14 @@ def read_preemption(progress_dir: Path) -> dict[str, Any] | None:
 def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
     # The temporary name starts with a dot: readers that glob rank-*.json never pick it up.
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
+    text = json.dumps(payload)
+    with space_checked(path, len(text)):
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 @contextlib.contextmanager

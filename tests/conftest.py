@@ -85,6 +85,22 @@ def s3(s3_server, monkeypatch) -> Iterator[str]:
     _forget_s3_clients()
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs: a file system that really fills up (tests/integration/: ``mount`` is a process)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root; the injected-failure tests cover the same code")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"could not mount a tmpfs ({done.stderr.strip()}); the injected-failure tests cover the same code")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_streaming_shared_memory():
     """After each test module, close the shared memory its StreamingDatasets left open. streaming registers

@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pipeline.diskspace import space_checked
+
 
 def record(path: Path, launch, *, started: float, ended: float, ranks: int, status: str, try_number: int = 1,
            restart: int = 0) -> dict[str, Any]:
@@ -28,8 +30,9 @@ def record(path: Path, launch, *, started: float, ended: float, ranks: int, stat
            "wall_s": round(ended - started, 3), "nodes": nodes, "gpus": gpus, "node_hours": round(nodes * hours, 6),
            "gpu_hours": round(gpus * hours, 6),
            "cost": round(gpus * hours * launch.price_per_gpu_hour + nodes * hours * launch.price_per_node_hour, 6)}
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row) + "\n")
+    line = json.dumps(row) + "\n"
+    with space_checked(path, len(line)), open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
     return row
 
 

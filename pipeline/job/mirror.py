@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from pipeline import deployment, storage
+from pipeline.diskspace import space_checked
 from pipeline.job_files import JOB_STORE_ENV, JobFiles
 
 PUSH_S = 1.0  # a node's agent pushes what its ranks wrote this often
@@ -110,7 +111,8 @@ class JobStore:
             if not name or self._seen.get(relative) == stamp:
                 continue
             try:
-                storage.download_file(storage.join(nodes, relative), files.root / name)
+                with space_checked(files.root / name, stamp[0]):  # (size, ETag)
+                    storage.download_file(storage.join(nodes, relative), files.root / name)
             except FileNotFoundError:  # removed between the listing and the read
                 continue
             self._seen[relative] = stamp
@@ -119,7 +121,8 @@ class JobStore:
 
     def fetch_inputs(self, files: JobFiles) -> None:
         files.root.mkdir(parents=True, exist_ok=True)
-        storage.download(storage.join(self.uri, "in"), files.root)
+        with space_checked(files.root, None):
+            storage.download(storage.join(self.uri, "in"), files.root)
 
     def push(self, files: JobFiles, node: int, *, rank: int | None = None) -> None:
         """What this node's ranks wrote and changed since the last push; with ``rank``, only that rank's files (a Ray

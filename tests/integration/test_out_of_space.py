@@ -6,7 +6,6 @@ root) and with an injected failure (everywhere)."""
 
 import errno
 import os
-import subprocess
 
 import pytest
 import torch
@@ -18,20 +17,6 @@ from pipeline.job_files import reported_user_error, user_errors_reported
 from pipeline.train.checkpoint import CheckpointStore, state_bytes
 from pipeline.train.export import saved_model_files
 from tests.datafiles import cfg, published, table, write_parquet
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs: a file system that really fills up."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root; the injected-failure tests cover the same code")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"could not mount a tmpfs ({done.stderr.strip()}); the injected-failure tests cover the same code")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _state(megabytes: float) -> dict:

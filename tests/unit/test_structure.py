@@ -71,9 +71,10 @@ def _modules() -> dict[str, Path]:
 # module) and from units on lower layers. Nothing on a layer knows what stands above it.
 LAYERS = [
     ["pipeline.errors"],
-    ["pipeline.node_usage", "pipeline.storage"],  # a node's utilisation; files on a folder or an object store
+    ["pipeline.node_usage", "pipeline.storage", "pipeline.diskspace"],  # a node's utilisation; files on a folder or an
+    # object store; writes that fail for want of space
     ["pipeline.deployment", "pipeline.process_table", "pipeline.fast_exit", "pipeline.network", "pipeline.stopwatch",
-     "pipeline.diskspace", "pipeline.config_fields", "pipeline.results", "pipeline.job_files",  # job folder contract
+     "pipeline.config_fields", "pipeline.results", "pipeline.job_files",  # job folder contract
      "pipeline.private_apis"],  # other libraries' private calls
     ["pipeline.launch_config"],  # where a run trains: the config's launch section
     ["pipeline.config", "pipeline.toolchains"],
