@@ -44,8 +44,8 @@ def test_the_recipe_trains_registers_and_reports_through_the_shared_dag(airflow_
 
     pixels, encoded = digit_images(20)
     uri = f"models:/{model}@champion"
-    from_bytes = predict_in_fresh_interpreter(uri, pd.DataFrame({"image": encoded}), tmp_path)
-    from_arrays = predict_in_fresh_interpreter(uri, pd.DataFrame({"image": list(pixels)}), tmp_path)
+    from_bytes, from_arrays = predict_in_fresh_interpreter(
+        uri, [pd.DataFrame({"image": encoded}), pd.DataFrame({"image": list(pixels)})], tmp_path)
     assert from_bytes == from_arrays
     assert set(from_bytes) <= {f"digit-{d}" for d in range(10)}
 
