@@ -63,6 +63,23 @@ class Epoch:
         return micro
 
 
+def plan_line(*, steps_per_epoch: int, epochs: int, total_steps: int, world_size: int,
+              resumed: dict[str, Any] | None) -> str:
+    """The run's plan in its steps' one unit: optimizer steps taken, each counted in the world that took it. The
+    progress lines, the step metrics, the heartbeats (the job view's progress and ETA) and the result count in it.
+    Resumed on another number of ranks, the steps already taken are the first world's and the steps to go this
+    one's: the line says both, and where the run ends."""
+    plan = f"{steps_per_epoch} steps/epoch x {epochs} epochs"
+    if resumed is None:
+        return f"{plan} = {total_steps} steps"
+    step, left = resumed["step"], total_steps - resumed["step"]
+    if resumed["world_size"] == world_size:
+        return f"{plan} = {total_steps} steps; resumed from step {step} (epoch {resumed['epoch'] + 1}), {left} to go"
+    return (f"{plan} on {world_size} rank(s); resumed from step {step}, steps taken by {resumed['world_size']} rank(s) "
+            f"(epoch {resumed['epoch'] + 1}, at this world's step {resumed['in_epoch']} of it): {left} steps of "
+            f"{world_size} rank(s) to go, so the run ends at step {total_steps}")
+
+
 def progress_line(epoch, epochs, step, total_steps, start_step, loss, figures, loop_started) -> None:
     """Rank 0's line for a window of steps (``figures``: ``Throughput.window``), with the time left at its pace."""
     elapsed = time.perf_counter() - loop_started

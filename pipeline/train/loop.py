@@ -26,7 +26,7 @@ from pipeline.stopwatch import mark, startup_line, timeline
 from pipeline.train import distributed
 from pipeline.train.checkpoint import capture_rng, restore_rng
 from pipeline.train.context import RunContext
-from pipeline.train.epoch import Epoch, Sums, progress_line, samples
+from pipeline.train.epoch import Epoch, Sums, plan_line, progress_line, samples
 from pipeline.train.export import saved_model_files
 from pipeline.train.lr import LrFactor
 from pipeline.train.parallel import load_model_and_optimizer, parallelize, sharded_state
@@ -128,9 +128,9 @@ class _Loop:
         sharding = f"fsdp over {self.parallel.units + 1} units, " if self.parallel.sharded else ""
         ctx.log(f"training on {dist.world_size} rank(s), backend {dist.backend}, device {dist.device}, {sharding}"
                 f"{'bf16 autocast' if self.use_bf16 else 'fp32'}: {self.data.rows('train')} train rows, "
-                f"{self.steps_per_epoch} steps/epoch x {tc.epochs} epochs = {self.total_steps} steps "
-                f"(batch {tc.batch_size} x {tc.grad_accum_steps} accumulation x {dist.world_size} ranks)"
-                + (f"; resumed from step {self.start_step} (epoch {self.epoch + 1})" if resumed else ""))
+                + plan_line(steps_per_epoch=self.steps_per_epoch, epochs=tc.epochs, total_steps=self.total_steps,
+                            world_size=dist.world_size, resumed=resumed)
+                + f" (batch {tc.batch_size} x {tc.grad_accum_steps} accumulation x {dist.world_size} ranks)")
         self.metrics: dict[str, float] = resumed["metrics"] if resumed else {}  # the last finished epoch's
         # From here a SIGTERM is acted on at a step boundary; before, it ends the rank at once, with no
         # training to lose. Installed before the loaders fork their workers, which it shields.
@@ -376,7 +376,7 @@ class _Loop:
         ctx.log(f"resuming from checkpoint {where}: step {state['step']}, epoch {state['epoch'] + 1} at its step "
                 f"{in_epoch} of {self.steps_per_epoch} on {ctx.dist.world_size} rank(s)")
         return {"step": state["step"], "epoch": state["epoch"], "in_epoch": in_epoch, "path": where,
-                "metrics": state["metrics"]}
+                "metrics": state["metrics"], "world_size": state["world_size"]}
 
     @torch.no_grad()
     def _validate(self, step: int) -> dict[str, float]:

@@ -111,6 +111,9 @@ def test_a_checkpoint_of_4_ranks_resumes_on_2_at_the_same_global_sample(demo_par
     assert set(before) | set(after) == epoch, f"{len(epoch - set(before) - set(after))} samples skipped"
     assert len(before) == len(set(before)) and len(after) - len(set(after)) <= 2  # at most the padding repeats
     assert any(f"at its step {resumed_in_epoch} of {two_steps} on 2 rank(s)" in line for line in lines)
+    # One unit of steps in the log: the plan names whose steps came before and where the run ends.
+    assert any(f"resumed from step {SAVED}, steps taken by 4 rank(s)" in line and
+               f"so the run ends at step {resumed['steps']}" in line for line in lines), lines
 
     # The LR schedule goes on by the samples trained: step 21 on 2 ranks is step 20.5 of the 4-rank schedule,
     # and both runs end at its end.
