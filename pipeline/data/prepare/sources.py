@@ -7,6 +7,8 @@ batches of bounded size, so no input is ever held in memory whole.
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -291,12 +293,20 @@ def _read_jsonl(f: SourceFile, batch_rows: int) -> Iterator[Batch]:
 
     row = 0
     block_bytes = max(1 << 16, min(batch_rows * 200, 1 << 26))  # memory is bounded by blocks: no longer line
-    try:
-        reader = pjson.open_json(open_uri(f.uri), read_options=pjson.ReadOptions(block_size=block_bytes))
-        for batch in reader:
-            yield Batch(batch, [f.uri], row, position_keys(f.relpath, row, batch.num_rows))
-            row += batch.num_rows
-    except pa.ArrowInvalid as exc:
+    failed = None
+    # The reader parses ahead on Arrow's threads: closed here, whatever ends the read, rather than when the
+    # exception that holds this frame is collected, which at interpreter exit can abort the process.
+    with open_uri(f.uri) as source, contextlib.ExitStack() as closing:
+        try:
+            reader = closing.enter_context(contextlib.closing(
+                pjson.open_json(source, read_options=pjson.ReadOptions(block_size=block_bytes))))
+            for batch in reader:
+                yield Batch(batch, [f.uri], row, position_keys(f.relpath, row, batch.num_rows))
+                row += batch.num_rows
+        except pa.ArrowInvalid as exc:
+            failed = exc
+    if failed is not None:
+        exc = failed
         long = _long_line(f.uri, block_bytes, first_row=row) if "straddl" in str(exc) else None
         if long is not None:
             raise DataError(f"{f.uri}: row {long} is a line longer than the {block_bytes:,}-byte blocks JSON Lines "
