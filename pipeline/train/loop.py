@@ -314,7 +314,8 @@ class _Loop:
             rng_states = distributed.gather(ctx.dist, capture_rng())
             state = {
                 "step": step, "epoch": epoch, "world_size": ctx.dist.world_size, "config_digest": self.config_digest,
-                "dataset_versions": list(self.data.versions), "scheduler": self.scheduler.state_dict(), "loader": loader_state, "rng": rng_states, "metrics": metrics,
+                "dataset_versions": list(self.data.versions), "scheduler": self.scheduler.state_dict(),
+                "loader": loader_state, "rng": rng_states, "metrics": metrics,
             }
             done = lambda path: print(f"checkpoint step {step} (epoch {epoch}) -> {path}", flush=True)  # noqa: E731
             if self.parallel.sharded:

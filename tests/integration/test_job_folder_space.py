@@ -1,8 +1,8 @@
 """Every writer of the job folder meets a full disk the way checkpoints do (tests/integration/test_out_of_space.py):
 one ``OutOfSpace`` naming the file, what it needed and what is free, a user error (the task fails at once, no
 retry), no temporary file left. The supervisor's telemetry, rank 0's metrics, the heartbeats and the preemption
-marker, the attempts' record and the copies pulled from the job's store (an S3 API server), each on a real full file system (a 2 MiB tmpfs); then a real
-supervised job whose telemetry lands on that disk mid-training."""
+marker, the attempts' record and the copies pulled from the job's store (an S3 API server), each on a real full
+file system (a 2 MiB tmpfs); then a real supervised job whose telemetry lands on that disk mid-training."""
 
 from __future__ import annotations
 

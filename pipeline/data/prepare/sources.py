@@ -8,7 +8,6 @@ batches of bounded size, so no input is ever held in memory whole.
 from __future__ import annotations
 
 import contextlib
-
 import re
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -296,25 +295,24 @@ def _read_jsonl(f: SourceFile, batch_rows: int) -> Iterator[Batch]:
     failed = None
     # The reader parses ahead on Arrow's threads: closed here, whatever ends the read, rather than when the
     # exception that holds this frame is collected, which at interpreter exit can abort the process.
-    with open_uri(f.uri) as source, contextlib.ExitStack() as closing:
+    options = pjson.ReadOptions(block_size=block_bytes)
+    with open_uri(f.uri) as source:
         try:
-            reader = closing.enter_context(contextlib.closing(
-                pjson.open_json(source, read_options=pjson.ReadOptions(block_size=block_bytes))))
-            for batch in reader:
-                yield Batch(batch, [f.uri], row, position_keys(f.relpath, row, batch.num_rows))
-                row += batch.num_rows
+            with contextlib.closing(pjson.open_json(source, read_options=options)) as reader:
+                for batch in reader:
+                    yield Batch(batch, [f.uri], row, position_keys(f.relpath, row, batch.num_rows))
+                    row += batch.num_rows
         except pa.ArrowInvalid as exc:
             failed = exc
     if failed is not None:
-        exc = failed
-        long = _long_line(f.uri, block_bytes, first_row=row) if "straddl" in str(exc) else None
+        long = _long_line(f.uri, block_bytes, first_row=row) if "straddl" in str(failed) else None
         if long is not None:
             raise DataError(f"{f.uri}: row {long} is a line longer than the {block_bytes:,}-byte blocks JSON Lines "
                             f"are read in (data.batch_rows x 200 bytes, at most 64 MiB); expected one JSON object "
                             f"of fewer bytes per line") from None
         # Arrow's message names the JSON column and the row where a value changed type.
-        raise DataError(f"{f.uri}: not readable as JSON Lines after row {row} ({exc}); each line must be "
-                        f"one JSON object and a column keeps one type") from exc
+        raise DataError(f"{f.uri}: not readable as JSON Lines after row {row} ({failed}); each line must be "
+                        f"one JSON object and a column keeps one type") from failed
 
 
 def _long_line(uri: str, limit: int, first_row: int) -> int | None:
